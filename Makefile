@@ -1,0 +1,41 @@
+# Thin wrapper over CMake; CMake and ctest are the truth.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps test demo fuzz sanitize clean
+
+all: $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+
+deps:
+	@bash scripts/install-deps.sh
+
+# Every test suite: unit tests, Python oracle tests, and the sanitizer build
+# of the unit tests.
+test: deps
+	@$(MAKE) --no-print-directory all
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@$(MAKE) --no-print-directory sanitize
+
+# The unit tests built with AddressSanitizer and UndefinedBehaviorSanitizer.
+sanitize: deps
+	cmake -S . -B $(BUILD)-asan -G Ninja -DFST_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
+	cmake --build $(BUILD)-asan -j $(JOBS)
+	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -E '^python$$'
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@bash scripts/demo.sh $(BUILD)
+
+# libFuzzer targets (clang); FUZZ_TIME seconds on each (default 30).
+fuzz: deps
+	cmake -S . -B $(BUILD)-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DFST_FUZZ=ON -DFST_TESTS=OFF
+	cmake --build $(BUILD)-fuzz -j $(JOBS)
+	bash tests/fuzz/run.sh $(BUILD)-fuzz $(or $(FUZZ_TIME),30)
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz

@@ -1,0 +1,325 @@
+/*
+ * fst.h - load safetensors checkpoints into CPU or GPU memory, byte-exact.
+ *
+ * The only public header of libfst. Conventions:
+ *  - Every exported symbol is fst_*, every macro and enum constant FST_*.
+ *  - Fallible calls return 0 (FST_OK) or a negative FST_E* code and, when the
+ *    caller passes an fst_error, fill it with a message that names the file,
+ *    the tensor and the rule. errno is never the error channel.
+ *  - Handles are opaque; every *_close / *_release / *_free accepts NULL.
+ *  - Strings and arrays returned by accessors belong to the handle and live
+ *    until it is closed.
+ *  - Thread safety: a handle may be read from several threads at once; calls
+ *    that modify a handle need external locking. Library-wide state is
+ *    limited to the lazily loaded GPU library tables and the log settings.
+ */
+#ifndef FST_H
+#define FST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FST_API __declspec(dllexport)
+#else
+#define FST_API __attribute__((visibility("default")))
+#endif
+
+/* ---------------------------------------------------------------- version */
+
+#define FST_VERSION_MAJOR 0
+#define FST_VERSION_MINOR 1
+#define FST_VERSION_PATCH 0
+#define FST_VERSION_NUMBER \
+	(FST_VERSION_MAJOR * 10000 + FST_VERSION_MINOR * 100 + FST_VERSION_PATCH)
+
+/* The library's version as "MAJOR.MINOR.PATCH" (since 0.1). */
+FST_API const char *fst_version(void);
+/* FST_VERSION_NUMBER of the library actually linked (since 0.1). */
+FST_API unsigned fst_version_number(void);
+
+/* ----------------------------------------------------------------- errors */
+
+/* Error codes. Values are pinned and never renumbered. */
+enum fst_status {
+	FST_OK = 0,
+	FST_EUSAGE = -1,       /* a bad argument from the caller */
+	FST_EFORMAT = -2,      /* the input breaks a safetensors or index rule */
+	FST_EIO = -3,          /* a system call on a file failed */
+	FST_ENOMEM = -4,       /* host memory could not be allocated or pinned */
+	FST_EDEVICE = -5,      /* the GPU driver or a GPU library failed */
+	FST_EUNSUPPORTED = -6, /* the platform cannot do what was asked */
+	FST_ECANCELED = -7,    /* the operation was cancelled by the caller */
+	FST_EMISMATCH = -8,    /* loaded bytes differ from the file's (verify) */
+	FST_ECHANGED = -9,     /* a file changed while it was being read */
+};
+
+#define FST_ERROR_MSG_MAX 1024
+
+/*
+ * Details of a failure. Pass one to any fallible call (or NULL when only the
+ * code matters). On failure, code is the returned status, message a complete
+ * sentence such as
+ *   model.safetensors: tensor "lm_head.weight": data_offsets [0, 96] but
+ *   shape [3, 4] of F32 needs 48 bytes
+ * sys_errno the errno of the failing system call (or 0) and backend_code the
+ * CUresult / cuFile / NCCL code (or 0).
+ */
+typedef struct fst_error {
+	int code;
+	int sys_errno;
+	int backend_code;
+	char message[FST_ERROR_MSG_MAX];
+} fst_error;
+
+/* A short static description of a status code; never NULL (since 0.1). */
+FST_API const char *fst_strerror(int code);
+
+/* -------------------------------------------------------- fault injection */
+
+/*
+ * Arm deterministic failures for tests: "SITE:N[+][:ERRNO][,...]" fails the
+ * N-th call at SITE (with "+", that call and every later one) with ERRNO
+ * (default EIO). NULL or "" disarms. Counters restart at every call. The
+ * environment variable FST_FAULT is read once, at the first fault check.
+ * Sites: open, read, short_read, uring_submit, uring_complete, mmap, alloc,
+ * host_alloc, pin, device_alloc, h2d, event, cufile_register, cufile_read,
+ * nccl. Returns FST_EUSAGE naming the problem for an unknown site or a bad
+ * spec (since 0.1).
+ */
+FST_API int fst_fault_set(const char *spec, fst_error *err);
+
+/* ---------------------------------------------------------------- logging */
+
+enum fst_log_level {
+	FST_LOG_ERROR = 0,
+	FST_LOG_WARN = 1,
+	FST_LOG_INFO = 2,
+	FST_LOG_DEBUG = 3,
+};
+
+typedef void (*fst_log_fn)(void *ctx, int level, const char *message);
+
+/*
+ * Route log lines to fn (NULL restores the default: stderr, "fst: LEVEL:
+ * message"). The level threshold defaults to FST_LOG=error|warn|info|debug
+ * from the environment, else warn. Not thread safe against concurrent
+ * loads; set it once at start-up (since 0.1).
+ */
+FST_API void fst_log_set_callback(fst_log_fn fn, void *ctx);
+FST_API void fst_log_set_level(int level);
+FST_API int fst_log_get_level(void);
+
+/* ----------------------------------------------------------------- dtypes */
+
+/* Element types. Values are pinned. */
+typedef enum fst_dtype {
+	FST_DTYPE_INVALID = 0,
+	FST_DTYPE_BOOL,
+	FST_DTYPE_U8,
+	FST_DTYPE_I8,
+	FST_DTYPE_F8_E4M3,
+	FST_DTYPE_F8_E5M2,
+	FST_DTYPE_F8_E8M0,
+	FST_DTYPE_F8_E4M3FNUZ,
+	FST_DTYPE_F8_E5M2FNUZ,
+	FST_DTYPE_I16,
+	FST_DTYPE_U16,
+	FST_DTYPE_F16,
+	FST_DTYPE_BF16,
+	FST_DTYPE_I32,
+	FST_DTYPE_U32,
+	FST_DTYPE_F32,
+	FST_DTYPE_I64,
+	FST_DTYPE_U64,
+	FST_DTYPE_F64,
+	FST_DTYPE_C64,
+	FST_DTYPE_F4,
+	FST_DTYPE_F6_E2M3,
+	FST_DTYPE_F6_E3M2,
+	FST_DTYPE_COUNT /* one past the last valid dtype */
+} fst_dtype;
+
+/* The file's spelling ("BF16"); "INVALID" for unknown values (since 0.1). */
+FST_API const char *fst_dtype_name(fst_dtype dtype);
+/* Bits per element (4 for F4, 6 for F6_*); 0 for unknown values (since 0.1). */
+FST_API unsigned fst_dtype_bits(fst_dtype dtype);
+/* Parse a dtype spelling, case-sensitive; FST_DTYPE_INVALID if unknown (since 0.1). */
+FST_API fst_dtype fst_dtype_from_name(const char *name);
+
+/* ------------------------------------------------------------------ files */
+
+/* Header size limit enforced by the format, as the reference reader does. */
+#define FST_HEADER_MAX 100000000u
+
+/* One tensor of a file, as its header describes it. */
+typedef struct fst_tensor_info {
+	const char *name;
+	fst_dtype dtype;
+	uint32_t ndim;
+	const uint64_t *shape; /* ndim entries; NULL when ndim == 0 (a scalar) */
+	uint64_t numel;        /* product of shape (1 for a scalar) */
+	uint64_t nbytes;       /* end - begin */
+	uint64_t begin, end;   /* data_offsets, relative to the data section */
+	uint64_t file_offset;  /* absolute offset of the first byte in the file */
+} fst_tensor_info;
+
+typedef struct fst_file fst_file;
+
+/*
+ * Open and validate a safetensors file. Every rule of the format is checked
+ * before this returns (see docs/design.md, "Format rules"); the data section
+ * is not read. The file stays open (read-only) until fst_file_close (since 0.1).
+ */
+FST_API int fst_file_open(const char *path, fst_file **out, fst_error *err);
+
+/*
+ * Like fst_file_open, from an open descriptor. The descriptor is duplicated:
+ * the caller keeps ownership of fd. name is used in messages (NULL: "<fd N>")
+ * (since 0.1).
+ */
+FST_API int fst_file_open_fd(int fd, const char *name, fst_file **out, fst_error *err);
+
+/*
+ * Validate a whole safetensors file held in memory (header and data). The
+ * bytes are not copied: they must outlive the handle. name is used in
+ * messages (NULL: "<memory>") (since 0.1).
+ */
+FST_API int fst_file_open_memory(const void *data, size_t size, const char *name,
+				 fst_file **out, fst_error *err);
+
+FST_API void fst_file_close(fst_file *file);
+
+/* The path or name given at open (since 0.1). */
+FST_API const char *fst_file_path(const fst_file *file);
+/* Size of the whole file in bytes (since 0.1). */
+FST_API uint64_t fst_file_size(const fst_file *file);
+/* Offset of the data section: 8 + header length (since 0.1). */
+FST_API uint64_t fst_file_data_offset(const fst_file *file);
+/* The file's descriptor, or -1 for memory files; owned by the handle (since 0.1). */
+FST_API int fst_file_fd(const fst_file *file);
+/* The bytes of a memory file, or NULL (since 0.1). */
+FST_API const void *fst_file_memory(const fst_file *file);
+
+/* Number of tensors (since 0.1). */
+FST_API size_t fst_file_tensor_count(const fst_file *file);
+/*
+ * Tensor i, in order of data offset (0 <= i < count). Returns FST_EUSAGE when
+ * i is out of range (since 0.1).
+ */
+FST_API int fst_file_tensor(const fst_file *file, size_t i, fst_tensor_info *out);
+/* Index of the tensor called name, or -1 (since 0.1). */
+FST_API long fst_file_find(const fst_file *file, const char *name);
+
+/* Number of __metadata__ entries (since 0.1). */
+FST_API size_t fst_file_metadata_count(const fst_file *file);
+/* Entry i of __metadata__, in the order of the header (since 0.1). */
+FST_API int fst_file_metadata(const fst_file *file, size_t i, const char **key,
+			      const char **value);
+/* The value of __metadata__[key], or NULL (since 0.1). */
+FST_API const char *fst_file_metadata_get(const fst_file *file, const char *key);
+
+/* ------------------------------------------------------------ checkpoints */
+
+/*
+ * A checkpoint is one or more safetensors files seen as one tensor table:
+ * a single file, a directory, or a model.safetensors.index.json.
+ *
+ * A directory with exactly one *.safetensors.index.json uses it; otherwise
+ * every *.safetensors file in it, in name order. An index is advisory but
+ * checked: every shard it names must exist and be valid, every mapped tensor
+ * must be in its shard, and no tensor name may appear in two shards. Tensors
+ * present in a shard but missing from the map are kept, with a warning.
+ */
+typedef struct fst_checkpoint fst_checkpoint;
+
+FST_API int fst_checkpoint_open(const char *path, fst_checkpoint **out, fst_error *err);
+/* Make a checkpoint of files already open; takes ownership of every file,
+ * also on failure (since 0.1). */
+FST_API int fst_checkpoint_from_files(fst_file **files, size_t count, fst_checkpoint **out,
+				      fst_error *err);
+FST_API void fst_checkpoint_close(fst_checkpoint *ckpt);
+
+/* The path given at open (since 0.1). */
+FST_API const char *fst_checkpoint_path(const fst_checkpoint *ckpt);
+/* The index file used, or NULL (since 0.1). */
+FST_API const char *fst_checkpoint_index_path(const fst_checkpoint *ckpt);
+FST_API size_t fst_checkpoint_file_count(const fst_checkpoint *ckpt);
+/* File i; owned by the checkpoint (since 0.1). */
+FST_API const fst_file *fst_checkpoint_file(const fst_checkpoint *ckpt, size_t i);
+/* Tensors of all files: file by file, each in data-offset order (since 0.1). */
+FST_API size_t fst_checkpoint_tensor_count(const fst_checkpoint *ckpt);
+/* Tensor i of the whole table and the index of its file (file_index may be NULL)
+ * (since 0.1). */
+FST_API int fst_checkpoint_tensor(const fst_checkpoint *ckpt, size_t i, fst_tensor_info *out,
+				  size_t *file_index);
+/* Index in the whole table of the tensor called name, or -1 (since 0.1). */
+FST_API long fst_checkpoint_find(const fst_checkpoint *ckpt, const char *name);
+/* Sum of all tensors' bytes (since 0.1). */
+FST_API uint64_t fst_checkpoint_total_bytes(const fst_checkpoint *ckpt);
+
+/* ----------------------------------------------------------------- writer */
+
+enum fst_writer_order {
+	FST_ORDER_GIVEN = 0,     /* tensors in the order they were added */
+	FST_ORDER_ALIGNMENT = 1, /* largest power-of-two size divisor first, then
+	                          * by name: keeps as many tensors aligned as the
+	                          * sizes allow */
+};
+
+typedef struct fst_writer_opts {
+	size_t struct_size; /* set by fst_writer_opts_init */
+	/* The data section starts at a multiple of this (a power of two, 8 to
+	 * 1 MiB); the header is padded with spaces. Default 8. */
+	uint32_t data_align;
+	/* Extra bytes added to the data offset (beyond data_align), still as
+	 * header spaces; must be a multiple of 8. Lets tests make headers whose
+	 * length is 8 mod 16, for example. Default 0. */
+	uint32_t header_extra;
+	int order; /* enum fst_writer_order, default FST_ORDER_GIVEN */
+} fst_writer_opts;
+
+FST_API void fst_writer_opts_init(fst_writer_opts *opts);
+
+/*
+ * Fills buf with len bytes of a tensor's data starting at byte offset off of
+ * that tensor; returns 0 or a negative FST_E* code.
+ */
+typedef int (*fst_fill_fn)(void *ctx, void *buf, uint64_t off, size_t len);
+
+typedef struct fst_writer fst_writer;
+
+/* Start a writer. Nothing is written until fst_writer_finish (since 0.1). */
+FST_API int fst_writer_new(const fst_writer_opts *opts, fst_writer **out, fst_error *err);
+FST_API void fst_writer_free(fst_writer *w);
+
+/*
+ * Add a tensor whose bytes are at data (nbytes must equal the size its dtype
+ * and shape need). data is referenced, not copied: keep it until finish
+ * (since 0.1).
+ */
+FST_API int fst_writer_add(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
+			   const uint64_t *shape, const void *data, uint64_t nbytes,
+			   fst_error *err);
+/* Add a tensor whose bytes are produced by fill at finish (since 0.1). */
+FST_API int fst_writer_add_fill(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
+				const uint64_t *shape, fst_fill_fn fill, void *ctx,
+				fst_error *err);
+/* Set __metadata__[key] = value (since 0.1). */
+FST_API int fst_writer_metadata(fst_writer *w, const char *key, const char *value,
+				fst_error *err);
+/*
+ * Write the file to path (created or truncated; written to path.tmp then
+ * renamed, so a failed write leaves no partial file under path) (since 0.1).
+ */
+FST_API int fst_writer_finish(fst_writer *w, const char *path, fst_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FST_H */

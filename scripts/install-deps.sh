@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs everything fst needs to build and test, idempotently: Debian
+# packages through apt, Python test tools through pip. Quiet when all is
+# present. The single source of the project's dependencies.
+set -euo pipefail
+
+APT_PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev
+	libjansson-dev liburing-dev libcmocka-dev libxxhash-dev python3 python3-pip valgrind)
+PY_PACKAGES=(numpy safetensors pytest)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+	echo "install-deps: installing ${missing[*]}"
+	SUDO=""
+	[ "$(id -u)" -eq 0 ] || SUDO=sudo
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+pymissing=()
+for p in "${PY_PACKAGES[@]}"; do
+	"$PY" -c "import $p" 2>/dev/null || pymissing+=("$p")
+done
+if ((${#pymissing[@]})); then
+	echo "install-deps: pip installing ${pymissing[*]}"
+	"$PY" -m pip install -q --disable-pip-version-check "${pymissing[@]}" ||
+		"$PY" -m pip install -q --disable-pip-version-check --break-system-packages "${pymissing[@]}"
+fi

@@ -1,0 +1,407 @@
+/*
+ * checkpoint.c - one tensor table over one or more safetensors files: a
+ * single file, a directory, or a model.safetensors.index.json.
+ */
+#include "internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+struct entry {
+	uint32_t file;
+	uint32_t tensor;
+};
+
+struct fst_checkpoint {
+	char *path;
+	char *index_path;
+	fst_file **files;
+	size_t nfiles;
+	struct entry *entries;
+	size_t ntensors;
+	uint64_t total_bytes;
+	fsti_names by_name;
+};
+
+static const char *entry_name(const void *ctx, size_t i)
+{
+	const struct fst_checkpoint *c = ctx;
+	return c->files[c->entries[i].file]->tensors[c->entries[i].tensor].name;
+}
+
+void fst_checkpoint_close(fst_checkpoint *c)
+{
+	if (!c)
+		return;
+	for (size_t i = 0; i < c->nfiles; i++)
+		fst_file_close(c->files[i]);
+	fsti_free(c->files);
+	fsti_free(c->entries);
+	fsti_names_free(&c->by_name);
+	fsti_free(c->path);
+	fsti_free(c->index_path);
+	fsti_free(c);
+}
+
+/* Build the combined table once c->files holds every file. */
+static int build_table(fst_checkpoint *c, fst_error *err)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < c->nfiles; i++)
+		n += c->files[i]->ntensors;
+	if (n > UINT32_MAX)
+		return fsti_err(err, FST_EUNSUPPORTED, "%s: more than 2^32 tensors", c->path);
+	c->entries = fsti_calloc(n, sizeof *c->entries);
+	if (!c->entries)
+		return fsti_err(err, FST_ENOMEM, "%s: out of memory for %zu tensors", c->path, n);
+	for (size_t i = 0; i < c->nfiles; i++)
+		for (size_t j = 0; j < c->files[i]->ntensors; j++) {
+			const struct fsti_tensor *t = &c->files[i]->tensors[j];
+			c->entries[c->ntensors++] = (struct entry){(uint32_t)i, (uint32_t)j};
+			c->total_bytes += t->end - t->begin;
+		}
+	size_t a, b;
+	int dup = fsti_names_build(&c->by_name, c->ntensors, entry_name, c, &a, &b);
+	if (dup < 0)
+		return fsti_err(err, FST_ENOMEM, "%s: out of memory for the name table", c->path);
+	if (dup > 0)
+		return fsti_err(err, FST_EFORMAT, "tensor \"%s\" is in two files: %s and %s",
+				entry_name(c, b), c->files[c->entries[a].file]->path,
+				c->files[c->entries[b].file]->path);
+	return 0;
+}
+
+static fst_checkpoint *checkpoint_new(const char *path, fst_error *err)
+{
+	fst_checkpoint *c = fsti_calloc(1, sizeof *c);
+	if (c && (c->path = fsti_strdup(path)))
+		return c;
+	fsti_free(c);
+	fsti_err(err, FST_ENOMEM, "%s: out of memory", path);
+	return NULL;
+}
+
+int fst_checkpoint_from_files(fst_file **files, size_t count, fst_checkpoint **out,
+			      fst_error *err)
+{
+	fsti_err_clear(err);
+	fst_checkpoint *c = checkpoint_new(count ? files[0]->path : "<no files>", err);
+	if (!c) {
+		for (size_t i = 0; i < count; i++)
+			fst_file_close(files[i]);
+		return FST_ENOMEM;
+	}
+	c->files = fsti_calloc(count, sizeof *c->files);
+	if (!c->files) {
+		for (size_t i = 0; i < count; i++)
+			fst_file_close(files[i]);
+		fst_checkpoint_close(c);
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < count; i++)
+		c->files[c->nfiles++] = files[i];
+	int rc = build_table(c, err);
+	if (rc) {
+		fst_checkpoint_close(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+static char *join_path(const char *dir, const char *name)
+{
+	size_t n = strlen(dir) + strlen(name) + 2;
+	char *p = fsti_malloc(n);
+	if (p)
+		snprintf(p, n, "%s/%s", dir, name);
+	return p;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+	size_t a = strlen(s), b = strlen(suffix);
+	return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A shard name from an index must stay inside the checkpoint's directory. */
+static bool shard_name_ok(const char *s)
+{
+	if (!*s || s[0] == '/')
+		return false;
+	for (const char *p = s; (p = strstr(p, "..")); p += 2)
+		if ((p == s || p[-1] == '/') && (p[2] == '\0' || p[2] == '/'))
+			return false;
+	return true;
+}
+
+static int add_file(fst_checkpoint *c, const char *path, size_t cap, fst_error *err)
+{
+	if (!c->files && !(c->files = fsti_calloc(cap, sizeof *c->files)))
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	fst_file *f;
+	int rc = fst_file_open(path, &f, err);
+	if (rc)
+		return rc;
+	c->files[c->nfiles++] = f;
+	return 0;
+}
+
+static int open_index(fst_checkpoint *c, const char *index_path, const char *dir, fst_error *err)
+{
+	if (!(c->index_path = fsti_strdup(index_path)))
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	json_error_t jerr;
+	json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root) {
+		if (json_error_code(&jerr) == json_error_cannot_open_file)
+			return fsti_err(err, FST_EIO, "%s: cannot open: %s", index_path, jerr.text);
+		return fsti_err(err, FST_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)",
+				index_path, jerr.text, jerr.line, jerr.column);
+	}
+	int rc = 0;
+	char **shards = NULL;
+	size_t nshards = 0;
+	json_t *map = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
+	if (!json_is_object(map)) {
+		rc = fsti_err(err, FST_EFORMAT,
+			      "%s: must be an object with a \"weight_map\" object of tensor name "
+			      "to shard file name",
+			      index_path);
+		goto out;
+	}
+	size_t nmap = json_object_size(map);
+	shards = fsti_calloc(nmap + 1, sizeof *shards);
+	if (!shards) {
+		rc = fsti_err(err, FST_ENOMEM, "out of memory");
+		goto out;
+	}
+	const char *tname;
+	json_t *v;
+	json_object_foreach(map, tname, v) {
+		if (!json_is_string(v) || !shard_name_ok(json_string_value(v))) {
+			rc = fsti_err(err, FST_EFORMAT,
+				      "%s: weight_map \"%s\": shard must be a relative file name "
+				      "inside the checkpoint's directory",
+				      index_path, tname);
+			goto out;
+		}
+		shards[nshards++] = (char *)json_string_value(v);
+	}
+	qsort(shards, nshards, sizeof *shards, cmp_str);
+	size_t unique = 0;
+	for (size_t i = 0; i < nshards; i++)
+		if (!unique || strcmp(shards[unique - 1], shards[i]))
+			shards[unique++] = shards[i];
+	for (size_t i = 0; i < unique; i++) {
+		char *p = join_path(dir, shards[i]);
+		if (!p) {
+			rc = fsti_err(err, FST_ENOMEM, "out of memory");
+			goto out;
+		}
+		struct stat st;
+		if (stat(p, &st)) {
+			int e = errno;
+			const char *example = "";
+			json_object_foreach(map, tname, v)
+				if (!strcmp(json_string_value(v), shards[i])) {
+					example = tname;
+					break;
+				}
+			rc = fsti_err_sys(err, FST_EFORMAT, e,
+					  "%s: shard \"%s\" (of tensor \"%s\") is missing: %s",
+					  index_path, shards[i], example, p);
+			fsti_free(p);
+			goto out;
+		}
+		rc = add_file(c, p, unique, err);
+		fsti_free(p);
+		if (rc)
+			goto out;
+	}
+	/* Every mapped tensor must be in the shard the map names. */
+	json_object_foreach(map, tname, v) {
+		const char *shard = json_string_value(v);
+		size_t k = 0;
+		while (k < unique && strcmp(shards[k], shard))
+			k++;
+		if (fst_file_find(c->files[k], tname) < 0) {
+			rc = fsti_err(err, FST_EFORMAT,
+				      "%s: tensor \"%s\" is mapped to shard \"%s\" but that shard has "
+				      "no such tensor",
+				      index_path, tname, shard);
+			goto out;
+		}
+	}
+	rc = build_table(c, err);
+	if (!rc && c->ntensors > nmap) {
+		for (size_t i = 0; i < c->ntensors; i++)
+			if (!json_object_get(map, entry_name(c, i))) {
+				fsti_log(FST_LOG_WARN,
+					 "%s: %zu tensors are in shards but not in weight_map "
+					 "(first: \"%s\" in %s); they are kept",
+					 index_path, c->ntensors - nmap, entry_name(c, i),
+					 c->files[c->entries[i].file]->path);
+				break;
+			}
+	}
+out:
+	fsti_free(shards);
+	json_decref(root);
+	return rc;
+}
+
+static int open_directory(fst_checkpoint *c, const char *dir, fst_error *err)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open directory", dir);
+	char **names = NULL, *index = NULL;
+	size_t n = 0, cap = 0, nindex = 0;
+	int rc = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		const char *name = e->d_name;
+		if (name[0] == '.')
+			continue;
+		if (ends_with(name, ".safetensors.index.json")) {
+			nindex++;
+			/* model.safetensors.index.json wins over other index files. */
+			if (!index || !strcmp(name, "model.safetensors.index.json")) {
+				fsti_free(index);
+				index = fsti_strdup(name);
+				if (!index) {
+					rc = fsti_err(err, FST_ENOMEM, "out of memory");
+					goto out;
+				}
+			}
+		} else if (ends_with(name, ".safetensors")) {
+			if (n == cap) {
+				cap = cap ? cap * 2 : 16;
+				char **grown = fsti_realloc(names, cap * sizeof *names);
+				if (!grown) {
+					rc = fsti_err(err, FST_ENOMEM, "out of memory");
+					goto out;
+				}
+				names = grown;
+			}
+			if (!(names[n] = fsti_strdup(name))) {
+				rc = fsti_err(err, FST_ENOMEM, "out of memory");
+				goto out;
+			}
+			n++;
+		}
+	}
+	if (index) {
+		if (nindex > 1 && strcmp(index, "model.safetensors.index.json")) {
+			rc = fsti_err(err, FST_EFORMAT,
+				      "%s: %zu *.safetensors.index.json files and none is "
+				      "model.safetensors.index.json: name the one to use",
+				      dir, nindex);
+			goto out;
+		}
+		char *p = join_path(dir, index);
+		if (!p) {
+			rc = fsti_err(err, FST_ENOMEM, "out of memory");
+			goto out;
+		}
+		rc = open_index(c, p, dir, err);
+		fsti_free(p);
+		goto out;
+	}
+	if (!n) {
+		rc = fsti_err(err, FST_EFORMAT, "%s: directory holds no *.safetensors files", dir);
+		goto out;
+	}
+	qsort(names, n, sizeof *names, cmp_str);
+	for (size_t i = 0; i < n && !rc; i++) {
+		char *p = join_path(dir, names[i]);
+		rc = p ? add_file(c, p, n, err) : fsti_err(err, FST_ENOMEM, "out of memory");
+		fsti_free(p);
+	}
+	if (!rc)
+		rc = build_table(c, err);
+out:
+	for (size_t i = 0; i < n; i++)
+		fsti_free(names[i]);
+	fsti_free(names);
+	fsti_free(index);
+	closedir(d);
+	return rc;
+}
+
+int fst_checkpoint_open(const char *path, fst_checkpoint **out, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!path || !out)
+		return fsti_err(err, FST_EUSAGE, "fst_checkpoint_open: path and out are required");
+	*out = NULL;
+	fst_checkpoint *c = checkpoint_new(path, err);
+	if (!c)
+		return FST_ENOMEM;
+	struct stat st;
+	int rc;
+	if (stat(path, &st)) {
+		rc = fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", path);
+	} else if (S_ISDIR(st.st_mode)) {
+		rc = open_directory(c, path, err);
+	} else if (ends_with(path, ".json")) {
+		char *dir = fsti_strdup(path);
+		if (!dir) {
+			rc = fsti_err(err, FST_ENOMEM, "out of memory");
+		} else {
+			char *slash = strrchr(dir, '/');
+			if (slash)
+				slash[slash == dir ? 1 : 0] = '\0';
+			rc = open_index(c, path, slash ? dir : ".", err);
+			fsti_free(dir);
+		}
+	} else {
+		rc = add_file(c, path, 1, err);
+		if (!rc)
+			rc = build_table(c, err);
+	}
+	if (rc) {
+		fst_checkpoint_close(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+const char *fst_checkpoint_path(const fst_checkpoint *c) { return c->path; }
+const char *fst_checkpoint_index_path(const fst_checkpoint *c) { return c->index_path; }
+size_t fst_checkpoint_file_count(const fst_checkpoint *c) { return c->nfiles; }
+size_t fst_checkpoint_tensor_count(const fst_checkpoint *c) { return c->ntensors; }
+uint64_t fst_checkpoint_total_bytes(const fst_checkpoint *c) { return c->total_bytes; }
+
+const fst_file *fst_checkpoint_file(const fst_checkpoint *c, size_t i)
+{
+	return i < c->nfiles ? c->files[i] : NULL;
+}
+
+int fst_checkpoint_tensor(const fst_checkpoint *c, size_t i, fst_tensor_info *out,
+			  size_t *file_index)
+{
+	if (!c || !out || i >= c->ntensors)
+		return FST_EUSAGE;
+	fsti_tensor_info(c->files[c->entries[i].file], c->entries[i].tensor, out);
+	if (file_index)
+		*file_index = c->entries[i].file;
+	return 0;
+}
+
+long fst_checkpoint_find(const fst_checkpoint *c, const char *name)
+{
+	return fsti_names_find(&c->by_name, name, entry_name, c);
+}

@@ -1,0 +1,262 @@
+/* file.c - open one safetensors file (path, descriptor or memory) and
+ * answer questions about its header. */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void file_free(fst_file *f)
+{
+	if (!f)
+		return;
+	if (f->fd >= 0)
+		close(f->fd);
+	for (size_t i = 0; i < f->nmeta; i++) {
+		fsti_free(f->meta_keys[i]);
+		fsti_free(f->meta_values[i]);
+	}
+	fsti_free(f->meta_keys);
+	fsti_free(f->meta_values);
+	fsti_names_free(&f->by_name);
+	fsti_free(f->tensors);
+	fsti_free(f->arena);
+	fsti_free(f->path);
+	fsti_free(f);
+}
+
+void fst_file_close(fst_file *f)
+{
+	file_free(f);
+}
+
+static fst_file *file_new(const char *name, fst_error *err)
+{
+	fst_file *f = fsti_calloc(1, sizeof *f);
+	if (f) {
+		f->fd = -1;
+		f->path = fsti_strdup(name);
+		if (f->path)
+			return f;
+		fsti_free(f);
+	}
+	fsti_err(err, FST_ENOMEM, "%s: out of memory", name);
+	return NULL;
+}
+
+/* The size checks that come before any JSON: REFERENCE "header too small",
+ * "header too large", "invalid header length". */
+static int check_lengths(const char *name, uint64_t size, const unsigned char *prefix,
+			 uint64_t *header_len, fst_error *err)
+{
+	if (size < 8)
+		return fsti_err(err, FST_EFORMAT,
+				"%s: file is %" PRIu64 " bytes, shorter than the 8-byte header "
+				"length (header too small)",
+				name, size);
+	uint64_t n = 0;
+	for (int i = 7; i >= 0; i--)
+		n = (n << 8) | prefix[i];
+	if (n > FST_HEADER_MAX)
+		return fsti_err(err, FST_EFORMAT,
+				"%s: header length %" PRIu64 " exceeds the %u-byte limit (header "
+				"too large)",
+				name, n, FST_HEADER_MAX);
+	if (8 + n > size)
+		return fsti_err(err, FST_EFORMAT,
+				"%s: header length %" PRIu64 " runs past the end of the %" PRIu64
+				"-byte file (invalid header length)",
+				name, n, size);
+	*header_len = n;
+	return 0;
+}
+
+/* pread until len bytes or end of file; returns bytes read or -errno. */
+static int64_t pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+	size_t done = 0;
+	while (done < len) {
+		int fault = fsti_fault("read");
+		ssize_t n = fault ? (errno = fault, -1)
+				  : pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			break;
+		done += (size_t)n;
+	}
+	return (int64_t)done;
+}
+
+static int open_from_fd(fst_file *f, fst_error *err)
+{
+	struct stat st;
+	if (fstat(f->fd, &st))
+		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot stat", f->path);
+	if (S_ISDIR(st.st_mode))
+		return fsti_err(err, FST_EUSAGE, "%s: is a directory, not a safetensors file",
+				f->path);
+	f->size = (uint64_t)st.st_size;
+	f->dev = (uint64_t)st.st_dev;
+	f->ino = (uint64_t)st.st_ino;
+	f->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+
+	unsigned char prefix[8] = {0};
+	int64_t got = pread_full(f->fd, prefix, 8, 0);
+	if (got < 0)
+		return fsti_err_sys(err, FST_EIO, (int)-got, "%s: cannot read the header length",
+				    f->path);
+	if ((uint64_t)got < FSTI_MIN(8, f->size))
+		return fsti_err(err, FST_ECHANGED, "%s: file shrank while being opened", f->path);
+	uint64_t hlen;
+	int rc = check_lengths(f->path, f->size, prefix, &hlen, err);
+	if (rc)
+		return rc;
+	char *header = fsti_malloc(hlen ? hlen : 1);
+	if (!header)
+		return fsti_err(err, FST_ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header",
+				f->path, hlen);
+	got = pread_full(f->fd, header, hlen, 8);
+	if (got < 0 || (uint64_t)got != hlen) {
+		fsti_free(header);
+		if (got < 0)
+			return fsti_err_sys(err, FST_EIO, (int)-got, "%s: cannot read the header",
+					    f->path);
+		return fsti_err(err, FST_ECHANGED, "%s: file shrank while being opened", f->path);
+	}
+	f->data_offset = 8 + hlen;
+	rc = fsti_parse_header(f, f->path, header, hlen, f->size - f->data_offset, err);
+	fsti_free(header);
+	return rc;
+}
+
+int fst_file_open(const char *path, fst_file **out, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!path || !out)
+		return fsti_err(err, FST_EUSAGE, "fst_file_open: path and out are required");
+	*out = NULL;
+	fst_file *f = file_new(path, err);
+	if (!f)
+		return FST_ENOMEM;
+	int fault = fsti_fault("open");
+	f->fd = fault ? (errno = fault, -1) : open(path, O_RDONLY | O_CLOEXEC);
+	if (f->fd < 0) {
+		int e = errno;
+		file_free(f);
+		return fsti_err_sys(err, FST_EIO, e, "%s: cannot open", path);
+	}
+	int rc = open_from_fd(f, err);
+	if (rc) {
+		file_free(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
+}
+
+int fst_file_open_fd(int fd, const char *name, fst_file **out, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!out || fd < 0)
+		return fsti_err(err, FST_EUSAGE, "fst_file_open_fd: a descriptor and out are required");
+	*out = NULL;
+	char fallback[32];
+	if (!name) {
+		snprintf(fallback, sizeof fallback, "<fd %d>", fd);
+		name = fallback;
+	}
+	fst_file *f = file_new(name, err);
+	if (!f)
+		return FST_ENOMEM;
+	f->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (f->fd < 0) {
+		int e = errno;
+		file_free(f);
+		return fsti_err_sys(err, FST_EIO, e, "%s: cannot duplicate descriptor %d", name, fd);
+	}
+	int rc = open_from_fd(f, err);
+	if (rc) {
+		file_free(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
+}
+
+int fst_file_open_memory(const void *data, size_t size, const char *name, fst_file **out,
+			 fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!out || (!data && size))
+		return fsti_err(err, FST_EUSAGE, "fst_file_open_memory: data and out are required");
+	*out = NULL;
+	if (!name)
+		name = "<memory>";
+	fst_file *f = file_new(name, err);
+	if (!f)
+		return FST_ENOMEM;
+	f->mem = data;
+	f->size = size;
+	uint64_t hlen;
+	int rc = check_lengths(name, size, data, &hlen, err);
+	if (!rc) {
+		f->data_offset = 8 + hlen;
+		rc = fsti_parse_header(f, name, (const char *)data + 8, hlen,
+				       size - f->data_offset, err);
+	}
+	if (rc) {
+		file_free(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
+}
+
+const char *fst_file_path(const fst_file *f) { return f->path; }
+uint64_t fst_file_size(const fst_file *f) { return f->size; }
+uint64_t fst_file_data_offset(const fst_file *f) { return f->data_offset; }
+int fst_file_fd(const fst_file *f) { return f->fd; }
+const void *fst_file_memory(const fst_file *f) { return f->mem; }
+size_t fst_file_tensor_count(const fst_file *f) { return f->ntensors; }
+
+int fst_file_tensor(const fst_file *f, size_t i, fst_tensor_info *out)
+{
+	if (!f || !out || i >= f->ntensors)
+		return FST_EUSAGE;
+	fsti_tensor_info(f, i, out);
+	return 0;
+}
+
+long fst_file_find(const fst_file *f, const char *name)
+{
+	return fsti_names_find(&f->by_name, name, fsti_tensor_name_of, f);
+}
+
+size_t fst_file_metadata_count(const fst_file *f) { return f->nmeta; }
+
+int fst_file_metadata(const fst_file *f, size_t i, const char **key, const char **value)
+{
+	if (!f || i >= f->nmeta)
+		return FST_EUSAGE;
+	if (key)
+		*key = f->meta_keys[i];
+	if (value)
+		*value = f->meta_values[i];
+	return 0;
+}
+
+const char *fst_file_metadata_get(const fst_file *f, const char *key)
+{
+	for (size_t i = 0; key && i < f->nmeta; i++)
+		if (!strcmp(f->meta_keys[i], key))
+			return f->meta_values[i];
+	return NULL;
+}

@@ -1,0 +1,66 @@
+/* log.c - leveled log lines to stderr or a caller's callback. */
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static fst_log_fn log_fn;
+static void *log_ctx;
+static int log_level = -1; /* -1: not read from the environment yet */
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+
+static void read_env(void)
+{
+	const char *v = getenv("FST_LOG");
+	int level = FST_LOG_WARN;
+	if (v) {
+		if (!strcmp(v, "error")) level = FST_LOG_ERROR;
+		else if (!strcmp(v, "warn")) level = FST_LOG_WARN;
+		else if (!strcmp(v, "info")) level = FST_LOG_INFO;
+		else if (!strcmp(v, "debug")) level = FST_LOG_DEBUG;
+	}
+	if (log_level < 0)
+		log_level = level;
+}
+
+void fst_log_set_callback(fst_log_fn fn, void *ctx)
+{
+	log_fn = fn;
+	log_ctx = ctx;
+}
+
+void fst_log_set_level(int level)
+{
+	pthread_once(&env_once, read_env);
+	log_level = level;
+}
+
+int fst_log_get_level(void)
+{
+	pthread_once(&env_once, read_env);
+	return log_level;
+}
+
+bool fsti_log_enabled(int level)
+{
+	return level <= fst_log_get_level();
+}
+
+void fsti_log(int level, const char *fmt, ...)
+{
+	static const char *names[] = {"error", "warning", "info", "debug"};
+	if (!fsti_log_enabled(level))
+		return;
+	char line[2048];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof line, fmt, ap);
+	va_end(ap);
+	if (log_fn) {
+		log_fn(log_ctx, level, line);
+		return;
+	}
+	fprintf(stderr, "fst: %s: %s\n", names[level < 0 ? 0 : level > 3 ? 3 : level], line);
+}

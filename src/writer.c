@@ -1,0 +1,355 @@
+/*
+ * writer.c - write safetensors files the reference reader loads byte-exact.
+ *
+ * The header is padded with spaces (as the reference writer pads it) so the
+ * data section starts at opts.data_align; tensors follow back to back, in the
+ * order added or largest-alignment first.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct wtensor {
+	char *name;
+	fst_dtype dtype;
+	uint32_t ndim;
+	uint64_t *shape;
+	uint64_t nbytes;
+	const void *data;
+	fst_fill_fn fill;
+	void *ctx;
+	uint64_t begin;
+	size_t added; /* position of the add call, for stable ordering */
+};
+
+struct fst_writer {
+	fst_writer_opts opts;
+	struct wtensor *t;
+	size_t n, cap;
+	json_t *meta;
+};
+
+void fst_writer_opts_init(fst_writer_opts *o)
+{
+	memset(o, 0, sizeof *o);
+	o->struct_size = sizeof *o;
+	o->data_align = 8;
+	o->header_extra = 0;
+	o->order = FST_ORDER_GIVEN;
+}
+
+int fst_writer_new(const fst_writer_opts *opts, fst_writer **out, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!out)
+		return fsti_err(err, FST_EUSAGE, "fst_writer_new: out is required");
+	fst_writer_opts o;
+	fst_writer_opts_init(&o);
+	if (opts) {
+		if (opts->struct_size > sizeof o || opts->struct_size < sizeof(size_t))
+			return fsti_err(err, FST_EUSAGE, "fst_writer_new: opts not initialised "
+							 "with fst_writer_opts_init");
+		memcpy(&o, opts, opts->struct_size);
+	}
+	if (o.data_align < 8 || o.data_align > (1u << 20) || (o.data_align & (o.data_align - 1)))
+		return fsti_err(err, FST_EUSAGE,
+				"writer: data_align %u must be a power of two from 8 to 1 MiB",
+				o.data_align);
+	if (o.header_extra % 8)
+		return fsti_err(err, FST_EUSAGE, "writer: header_extra %u must be a multiple of 8",
+				o.header_extra);
+	if (o.order != FST_ORDER_GIVEN && o.order != FST_ORDER_ALIGNMENT)
+		return fsti_err(err, FST_EUSAGE, "writer: unknown order %d", o.order);
+	fst_writer *w = fsti_calloc(1, sizeof *w);
+	if (!w || !(w->meta = json_object())) {
+		fsti_free(w);
+		return fsti_err(err, FST_ENOMEM, "writer: out of memory");
+	}
+	w->opts = o;
+	*out = w;
+	return 0;
+}
+
+void fst_writer_free(fst_writer *w)
+{
+	if (!w)
+		return;
+	for (size_t i = 0; i < w->n; i++) {
+		fsti_free(w->t[i].name);
+		fsti_free(w->t[i].shape);
+	}
+	fsti_free(w->t);
+	json_decref(w->meta);
+	fsti_free(w);
+}
+
+static int add(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
+	       const uint64_t *shape, const void *data, uint64_t nbytes, fst_fill_fn fill,
+	       void *ctx, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!w || !name || (ndim && !shape))
+		return fsti_err(err, FST_EUSAGE, "writer: name and shape are required");
+	if (!strcmp(name, "__metadata__"))
+		return fsti_err(err, FST_EUSAGE, "writer: \"__metadata__\" is not a tensor name");
+	if (fst_dtype_bits(dtype) == 0)
+		return fsti_err(err, FST_EUSAGE, "writer: tensor \"%s\": unknown dtype %d", name,
+				(int)dtype);
+	uint64_t numel = 1;
+	for (uint32_t i = 0; i < ndim; i++) {
+		if (shape[i] > INT64_MAX || (shape[i] && numel > UINT64_MAX / 64 / shape[i]))
+			return fsti_err(err, FST_EUSAGE, "writer: tensor \"%s\": shape too large",
+					name);
+		numel *= shape[i];
+	}
+	uint64_t bits = numel * fst_dtype_bits(dtype);
+	char sh[128];
+	fsti_format_shape(sh, sizeof sh, ndim, shape);
+	if (bits % 8)
+		return fsti_err(err, FST_EUSAGE,
+				"writer: tensor \"%s\": shape %s of %s is not a whole number of bytes",
+				name, sh, fst_dtype_name(dtype));
+	if (!fill && nbytes != bits / 8)
+		return fsti_err(err, FST_EUSAGE,
+				"writer: tensor \"%s\": %" PRIu64 " bytes given but shape %s of %s "
+				"needs %" PRIu64,
+				name, nbytes, sh, fst_dtype_name(dtype), bits / 8);
+	if (!fill && nbytes && !data)
+		return fsti_err(err, FST_EUSAGE, "writer: tensor \"%s\": data is NULL", name);
+	for (size_t i = 0; i < w->n; i++)
+		if (!strcmp(w->t[i].name, name))
+			return fsti_err(err, FST_EUSAGE, "writer: tensor \"%s\" added twice", name);
+	if (w->n == w->cap) {
+		size_t cap = w->cap ? w->cap * 2 : 64;
+		struct wtensor *grown = fsti_realloc(w->t, cap * sizeof *grown);
+		if (!grown)
+			return fsti_err(err, FST_ENOMEM, "writer: out of memory");
+		w->t = grown;
+		w->cap = cap;
+	}
+	struct wtensor *t = &w->t[w->n];
+	memset(t, 0, sizeof *t);
+	t->name = fsti_strdup(name);
+	t->shape = fsti_malloc((ndim ? ndim : 1) * sizeof *t->shape);
+	if (!t->name || !t->shape) {
+		fsti_free(t->name);
+		fsti_free(t->shape);
+		return fsti_err(err, FST_ENOMEM, "writer: out of memory");
+	}
+	if (ndim)
+		memcpy(t->shape, shape, ndim * sizeof *shape);
+	t->dtype = dtype;
+	t->ndim = ndim;
+	t->nbytes = bits / 8;
+	t->data = data;
+	t->fill = fill;
+	t->ctx = ctx;
+	t->added = w->n++;
+	return 0;
+}
+
+int fst_writer_add(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
+		   const uint64_t *shape, const void *data, uint64_t nbytes, fst_error *err)
+{
+	return add(w, name, dtype, ndim, shape, data, nbytes, NULL, NULL, err);
+}
+
+int fst_writer_add_fill(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
+			const uint64_t *shape, fst_fill_fn fill, void *ctx, fst_error *err)
+{
+	if (!fill)
+		return fsti_err(err, FST_EUSAGE, "writer: tensor \"%s\": fill is NULL",
+				name ? name : "");
+	return add(w, name, dtype, ndim, shape, NULL, 0, fill, ctx, err);
+}
+
+int fst_writer_metadata(fst_writer *w, const char *key, const char *value, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!w || !key || !value)
+		return fsti_err(err, FST_EUSAGE, "writer: metadata key and value are required");
+	if (json_object_set_new(w->meta, key, json_string(value)))
+		return fsti_err(err, FST_EUSAGE,
+				"writer: metadata \"%s\": key and value must be valid UTF-8", key);
+	return 0;
+}
+
+static unsigned size_alignment(uint64_t nbytes)
+{
+	if (!nbytes)
+		return 64; /* empty tensors never misalign anything */
+	unsigned a = 0;
+	while (a < 63 && !(nbytes & (1ull << a)))
+		a++;
+	return a;
+}
+
+static int cmp_alignment(const void *pa, const void *pb)
+{
+	const struct wtensor *a = pa, *b = pb;
+	unsigned x = size_alignment(a->nbytes), y = size_alignment(b->nbytes);
+	if (x != y)
+		return x > y ? -1 : 1;
+	return strcmp(a->name, b->name);
+}
+
+static int cmp_added(const void *pa, const void *pb)
+{
+	const struct wtensor *a = pa, *b = pb;
+	return a->added < b->added ? -1 : a->added > b->added;
+}
+
+static int write_full(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+	while (len) {
+		ssize_t n = write(fd, p, len);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static char *build_header(fst_writer *w, size_t *len, fst_error *err)
+{
+	json_t *root = json_object();
+	if (!root) {
+		fsti_err(err, FST_ENOMEM, "writer: out of memory");
+		return NULL;
+	}
+	int bad = 0;
+	if (json_object_size(w->meta))
+		bad |= json_object_set(root, "__metadata__", w->meta);
+	for (size_t i = 0; i < w->n && !bad; i++) {
+		struct wtensor *t = &w->t[i];
+		json_t *shape = json_array();
+		for (uint32_t d = 0; d < t->ndim && shape; d++)
+			bad |= json_array_append_new(shape, json_integer((json_int_t)t->shape[d]));
+		json_t *info = json_pack("{s:s, s:o, s:[I, I]}", "dtype", fst_dtype_name(t->dtype),
+					 "shape", shape, "data_offsets", (json_int_t)t->begin,
+					 (json_int_t)(t->begin + t->nbytes));
+		if (!info || json_object_set_new(root, t->name, info))
+			bad = 1;
+	}
+	char *text = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	json_decref(root);
+	if (!text) {
+		fsti_err(err, FST_EUSAGE,
+			 "writer: cannot encode the header (names must be valid UTF-8)");
+		return NULL;
+	}
+	size_t n = strlen(text);
+	size_t align = w->opts.data_align;
+	size_t total = (8 + n + align - 1) / align * align + w->opts.header_extra;
+	size_t hlen = total - 8;
+	if (hlen > FST_HEADER_MAX) {
+		free(text);
+		fsti_err(err, FST_EUSAGE, "writer: header of %zu bytes exceeds the %u-byte limit",
+			 hlen, FST_HEADER_MAX);
+		return NULL;
+	}
+	char *out = fsti_malloc(total);
+	if (!out) {
+		free(text);
+		fsti_err(err, FST_ENOMEM, "writer: out of memory");
+		return NULL;
+	}
+	for (int i = 0; i < 8; i++)
+		out[i] = (char)((uint64_t)hlen >> (8 * i));
+	memcpy(out + 8, text, n);
+	memset(out + 8 + n, ' ', hlen - n);
+	free(text);
+	*len = total;
+	return out;
+}
+
+int fst_writer_finish(fst_writer *w, const char *path, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!w || !path)
+		return fsti_err(err, FST_EUSAGE, "writer: path is required");
+	qsort(w->t, w->n, sizeof *w->t,
+	      w->opts.order == FST_ORDER_ALIGNMENT ? cmp_alignment : cmp_added);
+	uint64_t off = 0;
+	for (size_t i = 0; i < w->n; i++) {
+		w->t[i].begin = off;
+		off += w->t[i].nbytes;
+	}
+	if (off > INT64_MAX)
+		return fsti_err(err, FST_EUSAGE, "writer: tensors total more than 2^63 bytes");
+	size_t hlen;
+	char *header = build_header(w, &hlen, err);
+	if (!header)
+		return err ? err->code : FST_ENOMEM;
+
+	size_t plen = strlen(path) + 5;
+	char *tmp = fsti_malloc(plen);
+	char *chunk = NULL;
+	int fd = -1, rc = 0;
+	if (!tmp) {
+		rc = fsti_err(err, FST_ENOMEM, "writer: out of memory");
+		goto out;
+	}
+	snprintf(tmp, plen, "%s.tmp", path);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		rc = fsti_err_sys(err, FST_EIO, errno, "%s: cannot create", tmp);
+		goto out;
+	}
+	int e = write_full(fd, header, hlen);
+	const size_t chunk_size = 4u << 20;
+	for (size_t i = 0; i < w->n && !e; i++) {
+		struct wtensor *t = &w->t[i];
+		if (!t->fill) {
+			e = write_full(fd, t->data, t->nbytes);
+			continue;
+		}
+		if (!chunk && !(chunk = fsti_malloc(chunk_size))) {
+			rc = fsti_err(err, FST_ENOMEM, "writer: out of memory");
+			goto out;
+		}
+		for (uint64_t o = 0; o < t->nbytes && !e; o += chunk_size) {
+			size_t len = (size_t)FSTI_MIN((uint64_t)chunk_size, t->nbytes - o);
+			rc = t->fill(t->ctx, chunk, o, len);
+			if (rc) {
+				rc = fsti_err(err, rc, "writer: tensor \"%s\": fill failed (%s)",
+					      t->name, fst_strerror(rc));
+				goto out;
+			}
+			e = write_full(fd, chunk, len);
+		}
+	}
+	if (e) {
+		rc = fsti_err_sys(err, FST_EIO, -e, "%s: write failed", tmp);
+		goto out;
+	}
+	if (close(fd)) {
+		fd = -1;
+		rc = fsti_err_sys(err, FST_EIO, errno, "%s: write failed", tmp);
+		goto out;
+	}
+	fd = -1;
+	if (rename(tmp, path))
+		rc = fsti_err_sys(err, FST_EIO, errno, "%s: cannot rename to %s", tmp, path);
+out:
+	if (fd >= 0)
+		close(fd);
+	if (rc && tmp)
+		unlink(tmp);
+	fsti_free(chunk);
+	fsti_free(tmp);
+	fsti_free(header);
+	return rc;
+}

@@ -1,0 +1,81 @@
+/* helpers.c - temporary files and raw safetensors images for unit tests. */
+#include "helpers.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char tmpdir[512];
+
+static void remove_tmpdir(void)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+	if (system(cmd)) {
+		/* best effort */
+	}
+}
+
+const char *test_tmpdir(void)
+{
+	if (!tmpdir[0]) {
+		const char *base = getenv("FST_TEST_TMP");
+		if (!base)
+			base = "/tmp";
+		char mk[600];
+		snprintf(mk, sizeof mk, "mkdir -p '%s'", base);
+		if (system(mk)) {
+			/* mkdtemp below reports the failure */
+		}
+		snprintf(tmpdir, sizeof tmpdir, "%s/fst-unit-XXXXXX", base);
+		if (!mkdtemp(tmpdir)) {
+			perror("mkdtemp");
+			exit(1);
+		}
+		atexit(remove_tmpdir);
+	}
+	return tmpdir;
+}
+
+char *test_path(const char *name)
+{
+	static char bufs[8][700];
+	static int next;
+	char *b = bufs[next++ % 8];
+	snprintf(b, sizeof bufs[0], "%s/%s", test_tmpdir(), name);
+	return b;
+}
+
+void write_raw(const char *path, const char *header, size_t hlen, const void *data, size_t dlen)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f) {
+		perror(path);
+		exit(1);
+	}
+	unsigned char len[8];
+	for (int i = 0; i < 8; i++)
+		len[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+	fwrite(len, 1, 8, f);
+	fwrite(header, 1, hlen, f);
+	if (dlen)
+		fwrite(data, 1, dlen, f);
+	fclose(f);
+}
+
+int open_raw(const char *header, const void *data, size_t dlen, fst_error *err)
+{
+	size_t hlen = strlen(header);
+	unsigned char *buf = malloc(8 + hlen + dlen);
+	for (int i = 0; i < 8; i++)
+		buf[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+	memcpy(buf + 8, header, hlen);
+	if (dlen)
+		memcpy(buf + 8 + hlen, data, dlen);
+	fst_file *f = NULL;
+	int rc = fst_file_open_memory(buf, 8 + hlen + dlen, "t.safetensors", &f, err);
+	fst_file_close(f);
+	free(buf);
+	return rc;
+}

@@ -1,0 +1,44 @@
+/* cli.h - what the fst subcommands share: exit codes, sizes, output. */
+#ifndef FST_CLI_H
+#define FST_CLI_H
+
+#include "fst.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Exit codes, documented in docs/cli.md. */
+enum {
+	EXIT_OK = 0,
+	EXIT_USAGE = 1,       /* bad command line */
+	EXIT_INVALID = 2,     /* an input breaks the safetensors / index rules */
+	EXIT_MISMATCH = 3,    /* verify: loaded bytes differ from the file */
+	EXIT_IO = 4,          /* a file could not be read or written */
+	EXIT_NOMEM = 5,       /* out of host memory */
+	EXIT_DEVICE = 6,      /* GPU error */
+	EXIT_UNSUPPORTED = 7, /* the platform cannot do what was asked */
+	EXIT_CHANGED = 8,     /* a file changed while being read */
+	EXIT_CANCELED = 9,    /* interrupted */
+};
+
+/* Map a libfst status to the exit code above. */
+int cli_exit_code(int status);
+
+/* Parse "1GiB", "512MiB", "64K", "1.5G", "100MB", "4096": binary units unless
+ * the unit ends in "B" without "i" (KB, MB, GB, TB: powers of 1000). */
+bool cli_parse_size(const char *s, uint64_t *out);
+/* Parse a non-negative integer that fits in max. */
+bool cli_parse_uint(const char *s, uint64_t max, uint64_t *out);
+/* "1.50 GiB" into buf. */
+const char *cli_human_bytes(char *buf, size_t size, uint64_t bytes);
+/* Seconds since an arbitrary point (monotonic). */
+double cli_now(void);
+
+/* Print "fst CMD: message" on stderr. */
+void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+int cmd_inspect(int argc, char **argv);
+int cmd_gen(int argc, char **argv);
+
+#endif

@@ -1,0 +1,306 @@
+/*
+ * gen.c - `fst gen`: write a synthetic checkpoint shaped like a decoder LLM.
+ *
+ * Values are produced by a counter-based generator (splitmix64 of seed,
+ * tensor and position), so any chunk of any tensor can be made on its own and
+ * the same seed always gives the same bytes. Floating-point values are kept
+ * finite so that frameworks' equality checks work on them.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void help(FILE *out)
+{
+	fprintf(out,
+		"usage: fst gen OUTDIR [--size 1GiB] [--shards 4] [--seed N] [--misaligned]\n"
+		"\n"
+		"Writes a synthetic decoder-LLM checkpoint: embedding, per-layer attention\n"
+		"(q, k, v, o) and MLP (gate, up, down) projections in BF16, F32 norms, lm_head;\n"
+		"model-0000K-of-0000N.safetensors shards and model.safetensors.index.json.\n"
+		"\n"
+		"  --size SIZE     approximate total tensor bytes (default 1GiB; K/M/G/T are\n"
+		"                  powers of 1024, KB/MB/GB/TB of 1000)\n"
+		"  --shards N      number of files (default 4)\n"
+		"  --seed N        generator seed (default 0); the same seed gives the same bytes\n"
+		"  --misaligned    add odd-sized U8 scale tensors that misalign the tensors after\n"
+		"                  them, and start each data section 8 bytes past a 16-byte boundary\n"
+		"  -h, --help      this help\n");
+}
+
+struct gtensor {
+	char name[96];
+	fst_dtype dtype;
+	uint32_t ndim;
+	uint64_t shape[2];
+	uint64_t nbytes;
+	uint64_t id;
+	uint64_t seed;
+};
+
+static uint64_t splitmix64(uint64_t x)
+{
+	x += 0x9E3779B97F4A7C15ull;
+	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+	x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+	return x ^ (x >> 31);
+}
+
+/* 8 bytes of tensor data at word index w. */
+static uint64_t word_at(const struct gtensor *t, uint64_t w)
+{
+	uint64_t r = splitmix64(t->seed ^ (t->id << 44) ^ w);
+	switch (t->dtype) {
+	case FST_DTYPE_BF16: {
+		/* Four finite BF16 values in [-1, 1): sign, exponent 120..127. */
+		uint64_t out = 0;
+		for (int k = 0; k < 4; k++) {
+			uint64_t b = (r >> (16 * k)) & 0xFFFF;
+			uint64_t v = (b & 0x8000) | ((120 + ((b >> 7) & 7)) << 7) | (b & 0x7F);
+			out |= v << (16 * k);
+		}
+		return out;
+	}
+	case FST_DTYPE_F32: {
+		/* Two F32 values in [1, 2): norms near one. */
+		uint64_t lo = 0x3F800000u | (r & 0x7FFFFF);
+		uint64_t hi = 0x3F800000u | ((r >> 32) & 0x7FFFFF);
+		return lo | (hi << 32);
+	}
+	default:
+		return r;
+	}
+}
+
+static int fill(void *ctx, void *buf, uint64_t off, size_t len)
+{
+	const struct gtensor *t = ctx;
+	unsigned char *p = buf;
+	uint64_t pos = off;
+	while (len) {
+		uint64_t w = pos / 8, skip = pos % 8;
+		uint64_t v = word_at(t, w);
+		size_t n = 8 - skip < len ? (size_t)(8 - skip) : len;
+		for (size_t k = 0; k < n; k++)
+			p[k] = (unsigned char)(v >> (8 * (skip + k)));
+		p += n;
+		pos += n;
+		len -= n;
+	}
+	return 0;
+}
+
+struct model {
+	struct gtensor *t;
+	size_t n, cap;
+};
+
+static int add(struct model *m, fst_dtype dtype, uint64_t d0, uint64_t d1, const char *fmt,
+	       ...) __attribute__((format(printf, 5, 6))); /* checks the name formats */
+static int add(struct model *m, fst_dtype dtype, uint64_t d0, uint64_t d1, const char *fmt, ...)
+{
+	if (m->n == m->cap) {
+		m->cap = m->cap ? m->cap * 2 : 256;
+		struct gtensor *g = realloc(m->t, m->cap * sizeof *g);
+		if (!g)
+			return -1;
+		m->t = g;
+	}
+	struct gtensor *t = &m->t[m->n];
+	memset(t, 0, sizeof *t);
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(t->name, sizeof t->name, fmt, ap);
+	va_end(ap);
+	t->dtype = dtype;
+	t->ndim = d1 ? 2 : 1;
+	t->shape[0] = d0;
+	t->shape[1] = d1;
+	t->nbytes = d0 * (d1 ? d1 : 1) * fst_dtype_bits(dtype) / 8;
+	t->id = m->n++;
+	return 0;
+}
+
+static uint64_t round_up(uint64_t v, uint64_t m)
+{
+	return (v + m - 1) / m * m;
+}
+
+/* Choose dimensions so the tensors add up to about size bytes. */
+static int build_model(struct model *m, uint64_t size, bool misaligned, uint64_t seed)
+{
+	uint64_t h = 64;
+	while (h < 8192 && 4 * 12 * (2 * h) * (2 * h) * 2 <= size)
+		h *= 2;
+	uint64_t kv = h / 4, inter = round_up(h * 8 / 3, 64);
+	uint64_t vocab = size / 8 / (2 * h * 2);
+	vocab = vocab > 32000 ? 32000 : vocab < 256 ? 256 : round_up(vocab, 64);
+	uint64_t layer = 2 * (h * h + 2 * h * kv + h * h + 3 * h * inter) + 2 * 4 * h;
+	uint64_t fixed = 2 * (2 * vocab * h) + 4 * h;
+	uint64_t layers = size > fixed ? (size - fixed + layer / 2) / layer : 0;
+	if (layers < 1)
+		layers = 1;
+	uint64_t scales = h / 32 * 3 + 1; /* odd: misaligns what follows */
+
+	int bad = add(m, FST_DTYPE_BF16, vocab, h, "model.embed_tokens.weight");
+	for (uint64_t l = 0; l < layers && !bad; l++) {
+		const char *p = "model.layers";
+		bad |= add(m, FST_DTYPE_F32, h, 0, "%s.%" PRIu64 ".input_layernorm.weight", p, l);
+		bad |= add(m, FST_DTYPE_BF16, h, h, "%s.%" PRIu64 ".self_attn.q_proj.weight", p, l);
+		bad |= add(m, FST_DTYPE_BF16, kv, h, "%s.%" PRIu64 ".self_attn.k_proj.weight", p, l);
+		bad |= add(m, FST_DTYPE_BF16, kv, h, "%s.%" PRIu64 ".self_attn.v_proj.weight", p, l);
+		bad |= add(m, FST_DTYPE_BF16, h, h, "%s.%" PRIu64 ".self_attn.o_proj.weight", p, l);
+		bad |= add(m, FST_DTYPE_F32, h, 0, "%s.%" PRIu64 ".post_attention_layernorm.weight",
+			   p, l);
+		if (misaligned)
+			bad |= add(m, FST_DTYPE_U8, scales, 0, "%s.%" PRIu64 ".mlp.scales", p, l);
+		bad |= add(m, FST_DTYPE_BF16, inter, h, "%s.%" PRIu64 ".mlp.gate_proj.weight", p, l);
+		bad |= add(m, FST_DTYPE_BF16, inter, h, "%s.%" PRIu64 ".mlp.up_proj.weight", p, l);
+		bad |= add(m, FST_DTYPE_BF16, h, inter, "%s.%" PRIu64 ".mlp.down_proj.weight", p, l);
+	}
+	bad |= add(m, FST_DTYPE_F32, h, 0, "model.norm.weight");
+	bad |= add(m, FST_DTYPE_BF16, vocab, h, "lm_head.weight");
+	for (size_t i = 0; i < m->n; i++)
+		m->t[i].seed = splitmix64(seed);
+	return bad;
+}
+
+int cmd_gen(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"size", required_argument, NULL, 's'},
+		{"shards", required_argument, NULL, 'n'},
+		{"seed", required_argument, NULL, 'S'},
+		{"misaligned", no_argument, NULL, 'm'},
+		{"help", no_argument, NULL, 'h'},
+		{0, 0, 0, 0},
+	};
+	uint64_t size = 1ull << 30, shards = 4, seed = 0;
+	bool misaligned = false;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 's':
+			if (!cli_parse_size(optarg, &size) || size == 0) {
+				cli_error("gen", "--size \"%s\" is not a size such as 2GiB", optarg);
+				return EXIT_USAGE;
+			}
+			break;
+		case 'n':
+			if (!cli_parse_uint(optarg, 99999, &shards) || shards == 0) {
+				cli_error("gen", "--shards \"%s\" must be 1 to 99999", optarg);
+				return EXIT_USAGE;
+			}
+			break;
+		case 'S':
+			if (!cli_parse_uint(optarg, UINT64_MAX, &seed)) {
+				cli_error("gen", "--seed \"%s\" is not a non-negative integer", optarg);
+				return EXIT_USAGE;
+			}
+			break;
+		case 'm': misaligned = true; break;
+		case 'h': help(stdout); return EXIT_OK;
+		default: help(stderr); return EXIT_USAGE;
+		}
+	}
+	if (optind != argc - 1) {
+		cli_error("gen", optind >= argc ? "no OUTDIR given" : "one OUTDIR expected");
+		help(stderr);
+		return EXIT_USAGE;
+	}
+	const char *dir = argv[optind];
+	if (mkdir(dir, 0755) && errno != EEXIST) {
+		cli_error("gen", "%s: cannot create directory: %s", dir, strerror(errno));
+		return EXIT_IO;
+	}
+
+	struct model m = {0};
+	if (build_model(&m, size, misaligned, seed)) {
+		cli_error("gen", "out of memory");
+		free(m.t);
+		return EXIT_NOMEM;
+	}
+	if (shards > m.n)
+		shards = m.n;
+	uint64_t total = 0;
+	for (size_t i = 0; i < m.n; i++)
+		total += m.t[i].nbytes;
+
+	double t0 = cli_now();
+	json_t *map = json_object();
+	int rc = EXIT_OK;
+	size_t next = 0;
+	uint64_t written = 0;
+	for (uint64_t s = 0; s < shards && rc == EXIT_OK; s++) {
+		/* Shard s takes tensors until the running total nears its share,
+		 * leaving at least one tensor for every later shard. */
+		uint64_t target = total * (s + 1) / shards, later = shards - s - 1;
+		size_t first = next;
+		do {
+			written += m.t[next++].nbytes;
+		} while (next < m.n && (later == 0 || (m.n - next > later &&
+						       written + m.t[next].nbytes / 2 <= target)));
+
+		char fname[64], path[4096];
+		snprintf(fname, sizeof fname, "model-%05" PRIu64 "-of-%05" PRIu64 ".safetensors",
+			 s + 1, shards);
+		snprintf(path, sizeof path, "%s/%s", dir, fname);
+		fst_writer_opts wo;
+		fst_writer_opts_init(&wo);
+		if (misaligned) {
+			wo.data_align = 16;
+			wo.header_extra = 8;
+		}
+		fst_writer *w;
+		fst_error err;
+		if (fst_writer_new(&wo, &w, &err)) {
+			cli_error("gen", "%s", err.message);
+			rc = cli_exit_code(err.code);
+			break;
+		}
+		fst_writer_metadata(w, "format", "pt", NULL);
+		for (size_t i = first; i < next && rc == EXIT_OK; i++) {
+			struct gtensor *t = &m.t[i];
+			if (fst_writer_add_fill(w, t->name, t->dtype, t->ndim, t->shape, fill, t,
+						&err)) {
+				cli_error("gen", "%s", err.message);
+				rc = cli_exit_code(err.code);
+			}
+			json_object_set_new(map, t->name, json_string(fname));
+		}
+		if (rc == EXIT_OK && fst_writer_finish(w, path, &err)) {
+			cli_error("gen", "%s", err.message);
+			rc = cli_exit_code(err.code);
+		}
+		fst_writer_free(w);
+	}
+	if (rc == EXIT_OK) {
+		char path[4096];
+		snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+		json_t *index = json_pack("{s:{s:I}, s:o}", "metadata", "total_size",
+					  (json_int_t)total, "weight_map", json_incref(map));
+		if (!index || json_dump_file(index, path, JSON_INDENT(2) | JSON_SORT_KEYS)) {
+			cli_error("gen", "%s: cannot write", path);
+			rc = EXIT_IO;
+		}
+		json_decref(index);
+	}
+	json_decref(map);
+	if (rc == EXIT_OK) {
+		double dt = cli_now() - t0;
+		char hb[32];
+		printf("wrote %s: %" PRIu64 " shard%s, %zu tensors, %s in %.2f s%s\n", dir, shards,
+		       shards == 1 ? "" : "s", m.n, cli_human_bytes(hb, sizeof hb, total), dt,
+		       misaligned ? " (misaligned)" : "");
+	}
+	free(m.t);
+	return rc;
+}

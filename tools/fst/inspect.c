@@ -1,0 +1,178 @@
+/* inspect.c - `fst inspect`: list and check the tensors of checkpoints. */
+#include "cli.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <string.h>
+
+static void help(FILE *out)
+{
+	fprintf(out,
+		"usage: fst inspect [--json] PATH...\n"
+		"\n"
+		"PATH is a .safetensors file, a directory, or a model.safetensors.index.json.\n"
+		"Prints each tensor (name, dtype, shape, bytes, file offset, the offset's\n"
+		"alignment) and a summary; checks every rule of the format.\n"
+		"\n"
+		"  --json     one JSON document on stdout: a list with one object per file\n"
+		"  -h, --help this help\n"
+		"\n"
+		"Exit: 0 all inputs valid, 2 any invalid (one message each on stderr), 1 usage.\n");
+}
+
+/* Largest power of two dividing off, capped at 4096 ("4096" means 4096 or more). */
+static uint64_t alignment_of(uint64_t off)
+{
+	uint64_t a = 1;
+	while (a < 4096 && !(off & a))
+		a <<= 1;
+	return a;
+}
+
+static json_t *file_json(const fst_file *f)
+{
+	json_t *tensors = json_array();
+	for (size_t i = 0; i < fst_file_tensor_count(f); i++) {
+		fst_tensor_info t;
+		fst_file_tensor(f, i, &t);
+		json_t *shape = json_array();
+		for (uint32_t d = 0; d < t.ndim; d++)
+			json_array_append_new(shape, json_integer((json_int_t)t.shape[d]));
+		json_array_append_new(tensors,
+				      json_pack("{s:s, s:s, s:o, s:[I, I]}", "name", t.name,
+						"dtype", fst_dtype_name(t.dtype), "shape", shape,
+						"data_offsets", (json_int_t)t.begin,
+						(json_int_t)t.end));
+	}
+	json_t *meta = json_null();
+	if (fst_file_metadata_count(f)) {
+		meta = json_object();
+		for (size_t i = 0; i < fst_file_metadata_count(f); i++) {
+			const char *k, *v;
+			fst_file_metadata(f, i, &k, &v);
+			json_object_set_new(meta, k, json_string(v));
+		}
+	}
+	return json_pack("{s:s, s:b, s:I, s:o, s:o}", "path", fst_file_path(f), "ok", 1,
+			 "data_offset", (json_int_t)fst_file_data_offset(f), "metadata", meta,
+			 "tensors", tensors);
+}
+
+struct summary {
+	uint64_t tensors, bytes, misaligned_dtype, misaligned_256;
+	uint64_t dtype_count[FST_DTYPE_COUNT];
+};
+
+static void print_file(const fst_file *f, struct summary *s)
+{
+	printf("%s: %zu tensors, data at offset %" PRIu64 "\n", fst_file_path(f),
+	       fst_file_tensor_count(f), fst_file_data_offset(f));
+	for (size_t i = 0; i < fst_file_metadata_count(f); i++) {
+		const char *k, *v;
+		fst_file_metadata(f, i, &k, &v);
+		printf("  metadata %s = %s\n", k, v);
+	}
+	printf("  %-48s %-11s %-20s %14s %14s %6s\n", "name", "dtype", "shape", "bytes", "offset",
+	       "align");
+	for (size_t i = 0; i < fst_file_tensor_count(f); i++) {
+		fst_tensor_info t;
+		fst_file_tensor(f, i, &t);
+		char shape[64] = "[";
+		for (uint32_t d = 0; d < t.ndim; d++) {
+			char part[24];
+			snprintf(part, sizeof part, "%s%" PRIu64, d ? ", " : "", t.shape[d]);
+			if (strlen(shape) + strlen(part) + 5 >= sizeof shape) {
+				strcat(shape, "...");
+				break;
+			}
+			strcat(shape, part);
+		}
+		strcat(shape, "]");
+		printf("  %-48s %-11s %-20s %14" PRIu64 " %14" PRIu64 " %6" PRIu64 "\n", t.name,
+		       fst_dtype_name(t.dtype), shape, t.nbytes, t.file_offset,
+		       alignment_of(t.file_offset));
+		unsigned elem = fst_dtype_bits(t.dtype) / 8;
+		s->tensors++;
+		s->bytes += t.nbytes;
+		s->dtype_count[t.dtype]++;
+		if (elem > 1 && t.file_offset % elem)
+			s->misaligned_dtype++;
+		if (t.file_offset % 256)
+			s->misaligned_256++;
+	}
+}
+
+static void print_summary(const struct summary *s, size_t files)
+{
+	char hb[32];
+	printf("summary: %zu file%s, %" PRIu64 " tensors, %" PRIu64 " bytes (%s)\n", files,
+	       files == 1 ? "" : "s", s->tensors, s->bytes,
+	       cli_human_bytes(hb, sizeof hb, s->bytes));
+	printf("  dtypes:");
+	for (int d = 1; d < FST_DTYPE_COUNT; d++)
+		if (s->dtype_count[d])
+			printf(" %s=%" PRIu64, fst_dtype_name((fst_dtype)d), s->dtype_count[d]);
+	printf("\n  misaligned in the file: %" PRIu64 " for their dtype, %" PRIu64
+	       " for 256 B\n",
+	       s->misaligned_dtype, s->misaligned_256);
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"json", no_argument, NULL, 'j'},
+		{"help", no_argument, NULL, 'h'},
+		{0, 0, 0, 0},
+	};
+	bool as_json = false;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
+		switch (c) {
+		case 'j': as_json = true; break;
+		case 'h': help(stdout); return EXIT_OK;
+		default: help(stderr); return EXIT_USAGE;
+		}
+	}
+	if (optind >= argc) {
+		cli_error("inspect", "no PATH given");
+		help(stderr);
+		return EXIT_USAGE;
+	}
+	int rc = EXIT_OK;
+	json_t *out = as_json ? json_array() : NULL;
+	struct summary sum;
+	memset(&sum, 0, sizeof sum);
+	size_t files = 0;
+	for (int i = optind; i < argc; i++) {
+		fst_checkpoint *ck;
+		fst_error err;
+		if (fst_checkpoint_open(argv[i], &ck, &err)) {
+			cli_error("inspect", "%s", err.message);
+			rc = EXIT_INVALID;
+			if (out)
+				json_array_append_new(out, json_pack("{s:s, s:b, s:s}", "path",
+								     argv[i], "ok", 0, "error",
+								     err.message));
+			continue;
+		}
+		for (size_t k = 0; k < fst_checkpoint_file_count(ck); k++) {
+			const fst_file *f = fst_checkpoint_file(ck, k);
+			if (out)
+				json_array_append_new(out, file_json(f));
+			else
+				print_file(f, &sum);
+			files++;
+		}
+		fst_checkpoint_close(ck);
+	}
+	if (out) {
+		json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+		fputc('\n', stdout);
+		json_decref(out);
+	} else if (files) {
+		print_summary(&sum, files);
+	}
+	return rc;
+}

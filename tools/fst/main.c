@@ -1,0 +1,44 @@
+/* main.c - the fst command: dispatch to one subcommand per file. */
+#include "cli.h"
+
+#include <string.h>
+
+static const struct {
+	const char *name;
+	int (*run)(int argc, char **argv);
+	const char *summary;
+} commands[] = {
+	{"inspect", cmd_inspect, "list the tensors of safetensors files and check them"},
+	{"gen", cmd_gen, "write a synthetic checkpoint shaped like a decoder LLM"},
+};
+
+static void usage(FILE *out)
+{
+	fprintf(out, "usage: fst [--version] [--help] COMMAND [ARGS]\n\ncommands:\n");
+	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+		fprintf(out, "  %-9s %s\n", commands[i].name, commands[i].summary);
+	fprintf(out, "\n'fst COMMAND --help' describes a command. Exit codes: docs/cli.md.\n");
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	const char *cmd = argv[1];
+	if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+		usage(stdout);
+		return EXIT_OK;
+	}
+	if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
+		printf("fst %s\n", fst_version());
+		return EXIT_OK;
+	}
+	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+		if (!strcmp(cmd, commands[i].name))
+			return commands[i].run(argc - 1, argv + 1);
+	fprintf(stderr, "fst: unknown command \"%s\"\n", cmd);
+	usage(stderr);
+	return EXIT_USAGE;
+}
