@@ -318,6 +318,131 @@ FST_API int fst_writer_metadata(fst_writer *w, const char *key, const char *valu
  */
 FST_API int fst_writer_finish(fst_writer *w, const char *path, fst_error *err);
 
+/* ---------------------------------------------------------------- loading */
+
+enum fst_io {
+	FST_IO_AUTO = 0,  /* pread when the files are in the page cache, else uring */
+	FST_IO_PREAD = 1, /* a pool of threads calling pread */
+	FST_IO_URING = 2, /* io_uring with O_DIRECT (buffered where refused) */
+	FST_IO_MMAP = 3,  /* CPU only: views straight into read-only file mappings */
+};
+
+enum fst_gds {
+	FST_GDS_AUTO = 0, /* cuFile only where real peer-to-peer DMA is available */
+	FST_GDS_ON = 1,   /* cuFile or fail, with the probe's reasons */
+	FST_GDS_OFF = 2,  /* never touch cuFile */
+};
+
+/* Device kinds; the values are DLPack's (kDLCPU, kDLCUDA). */
+enum fst_device_type {
+	FST_DEVICE_CPU = 1,
+	FST_DEVICE_CUDA = 2,
+};
+
+/*
+ * A caller's memory for the destination buffer. alloc returns size bytes
+ * aligned to at least `align` on the given device (host memory for
+ * FST_DEVICE_CPU, a device pointer for FST_DEVICE_CUDA), or NULL; free gives
+ * it back when the buffer's last reference is released.
+ */
+typedef struct fst_allocator {
+	void *(*alloc)(void *ctx, uint64_t size, uint32_t align, int device_type, int device_id);
+	void (*free)(void *ctx, void *ptr, uint64_t size, int device_type, int device_id);
+	void *ctx;
+} fst_allocator;
+
+typedef struct fst_load_opts {
+	size_t struct_size;        /* set by fst_load_opts_init */
+	const char *device;        /* "cpu" (default), "cuda" or "cuda:N" */
+	int io;                    /* enum fst_io, default FST_IO_AUTO */
+	int gds;                   /* enum fst_gds, default FST_GDS_AUTO */
+	unsigned threads;          /* reader threads; 0 = one per CPU, at most 16 */
+	uint64_t chunk_bytes;      /* bytes per read; 0 = default (docs/design.md) */
+	uint64_t staging_bytes;    /* host staging budget; 0 = 256 MiB */
+	uint32_t align;            /* alignment of every tensor; 0 = 256; power of two */
+	int pinned;                /* CPU target: page-lock the destination */
+	/* Keep only the tensors for which filter returns nonzero (NULL: all). */
+	int (*filter)(void *ctx, const char *name);
+	void *filter_ctx;
+	/* Called from the thread that waits for the load, at most every 100 ms
+	 * and once at the end with done == total. */
+	void (*progress)(void *ctx, uint64_t done, uint64_t total);
+	void *progress_ctx;
+	const fst_allocator *allocator; /* NULL: libfst allocates */
+} fst_load_opts;
+
+/* Fill opts with the defaults (since 0.1). */
+FST_API void fst_load_opts_init(fst_load_opts *opts);
+
+/*
+ * The loaded tensors: one allocation (on the CPU or one GPU) holding every
+ * tensor at an address aligned to opts.align, or, for FST_IO_MMAP, read-only
+ * file mappings. Reference-counted; freed when the last reference goes.
+ */
+typedef struct fst_buffer fst_buffer;
+
+/*
+ * One loaded tensor. A view returned by fst_buffer_tensor or fst_loader_next
+ * holds a reference on its buffer: release it with fst_view_release. Its
+ * strings and shape live as long as the buffer.
+ */
+typedef struct fst_tensor_view {
+	const char *name;
+	fst_dtype dtype;
+	uint32_t ndim;
+	const uint64_t *shape; /* NULL for scalars */
+	uint64_t nbytes;
+	void *data;      /* host or device address of the first byte */
+	int device_type; /* enum fst_device_type */
+	int device_id;
+	size_t index;    /* position in the buffer's table */
+	fst_buffer *buffer;
+} fst_tensor_view;
+
+/* Load every (selected) tensor of ckpt; on success *out holds one reference.
+ * On failure nothing is returned and everything is released (since 0.1). */
+FST_API int fst_load(const fst_checkpoint *ckpt, const fst_load_opts *opts, fst_buffer **out,
+		     fst_error *err);
+
+/*
+ * The streaming form. fst_load_start allocates the destination and starts the
+ * reader threads; fst_loader_next blocks until another tensor is complete and
+ * returns 1 with a view of it, 0 when every tensor has been handed out, or a
+ * negative code on failure (the load's first error). fst_loader_finish waits
+ * for the end and hands over the buffer (*out may be NULL to drop it).
+ * ckpt must stay open until fst_loader_finish or fst_loader_free returns
+ * (since 0.1).
+ */
+typedef struct fst_loader fst_loader;
+FST_API int fst_load_start(const fst_checkpoint *ckpt, const fst_load_opts *opts,
+			   fst_loader **out, fst_error *err);
+FST_API int fst_loader_next(fst_loader *ld, fst_tensor_view *view, fst_error *err);
+/* Bytes landed so far and in total (since 0.1). */
+FST_API void fst_loader_progress(const fst_loader *ld, uint64_t *done, uint64_t *total);
+/* Ask the readers to stop; a later finish returns FST_ECANCELED. Safe from
+ * any thread (since 0.1). */
+FST_API void fst_loader_cancel(fst_loader *ld);
+FST_API int fst_loader_finish(fst_loader *ld, fst_buffer **out, fst_error *err);
+/* Cancel if running, wait for the threads, release everything (since 0.1). */
+FST_API void fst_loader_free(fst_loader *ld);
+
+FST_API void fst_buffer_retain(fst_buffer *buf);
+FST_API void fst_buffer_release(fst_buffer *buf);
+FST_API size_t fst_buffer_tensor_count(const fst_buffer *buf);
+/* View of tensor i; takes a reference on buf (since 0.1). */
+FST_API int fst_buffer_tensor(fst_buffer *buf, size_t i, fst_tensor_view *out);
+/* Index of the tensor called name, or -1 (since 0.1). */
+FST_API long fst_buffer_find(const fst_buffer *buf, const char *name);
+/* Bytes allocated for the tensors (0 for mmap buffers) (since 0.1). */
+FST_API uint64_t fst_buffer_size(const fst_buffer *buf);
+/* Sum of the tensors' bytes (since 0.1). */
+FST_API uint64_t fst_buffer_tensor_bytes(const fst_buffer *buf);
+/* How the load ran and why, e.g. "pread, 2 threads, 16 MiB chunks: files in
+ * the page cache (100%)" (since 0.1). */
+FST_API const char *fst_buffer_describe(const fst_buffer *buf);
+/* Drop the view's reference (the view is cleared); NULL is fine (since 0.1). */
+FST_API void fst_view_release(fst_tensor_view *view);
+
 #ifdef __cplusplus
 }
 #endif

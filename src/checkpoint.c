@@ -224,6 +224,15 @@ static int open_index(fst_checkpoint *c, const char *index_path, const char *dir
 			fsti_free(p);
 			goto out;
 		}
+		/* "." or a subdirectory: the index is at fault (FST_EFORMAT), not
+		 * the caller, as fst_file_open's FST_EUSAGE would say. */
+		if (S_ISDIR(st.st_mode)) {
+			rc = fsti_err(err, FST_EFORMAT,
+				      "%s: shard \"%s\" is a directory, not a safetensors file: %s",
+				      index_path, shards[i], p);
+			fsti_free(p);
+			goto out;
+		}
 		rc = add_file(c, p, unique, err);
 		fsti_free(p);
 		if (rc)

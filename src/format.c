@@ -281,6 +281,20 @@ int fsti_parse_header(fst_file *f, const char *name, const char *header, size_t 
 					"%s: duplicate key \"%s\" in header (line %d, column %d)",
 					name, key, jerr.line, jerr.column);
 		}
+		/* jansson's own text for this case ("end of file expected near
+		 * end of file" for NUL padding) hides the cause: say it is
+		 * padding or garbage after the object, and show the byte. */
+		size_t at = jerr.position > 0 ? (size_t)jerr.position - 1 : 0;
+		/* position is past the whole offending character: back up to its
+		 * first byte. */
+		while (at > 0 && at < len && ((unsigned char)header[at] & 0xC0) == 0x80)
+			at--;
+		if (json_error_code(&jerr) == json_error_end_of_input_expected && at < len)
+			return fsti_err(err, FST_EFORMAT,
+					"%s: header is not valid JSON: byte %zu of the header (0x%02x) "
+					"follows the JSON object, where only whitespace may (NUL "
+					"padding is not allowed)",
+					name, at, (unsigned char)header[at]);
 		return fsti_err(err, FST_EFORMAT,
 				"%s: header is not valid JSON: %s (line %d, column %d)", name,
 				jerr.text, jerr.line, jerr.column);

@@ -49,6 +49,9 @@ void *fsti_calloc(size_t n, size_t size);
 void *fsti_realloc(void *p, size_t size);
 char *fsti_strdup(const char *s);
 void fsti_free(void *p);
+/* size bytes aligned to align (a power of two >= sizeof(void *)); release
+ * with fsti_free. */
+void *fsti_aligned_alloc(size_t align, size_t size);
 /* Number of live fsti_* allocations (for leak tests). */
 long fsti_live_allocations(void);
 

@@ -38,6 +38,17 @@ void *fsti_realloc(void *old, size_t size)
 	return p;
 }
 
+void *fsti_aligned_alloc(size_t align, size_t size)
+{
+	if (fsti_fault("alloc"))
+		return NULL;
+	void *p = NULL;
+	if (posix_memalign(&p, align, size ? size : 1))
+		return NULL;
+	atomic_fetch_add(&live, 1);
+	return p;
+}
+
 char *fsti_strdup(const char *s)
 {
 	size_t n = strlen(s) + 1;

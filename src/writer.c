@@ -222,13 +222,14 @@ static int write_full(int fd, const void *buf, size_t len)
 	return 0;
 }
 
-static char *build_header(fst_writer *w, size_t *len, fst_error *err)
+/* Returns 0 and the padded header in *out (fsti_free it), or the status:
+ * the caller may pass no fst_error, so the code cannot be read back from
+ * err. */
+static int build_header(fst_writer *w, char **out, size_t *len, fst_error *err)
 {
 	json_t *root = json_object();
-	if (!root) {
-		fsti_err(err, FST_ENOMEM, "writer: out of memory");
-		return NULL;
-	}
+	if (!root)
+		return fsti_err(err, FST_ENOMEM, "writer: out of memory");
 	int bad = 0;
 	if (json_object_size(w->meta))
 		bad |= json_object_set(root, "__metadata__", w->meta);
@@ -245,34 +246,32 @@ static char *build_header(fst_writer *w, size_t *len, fst_error *err)
 	}
 	char *text = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	json_decref(root);
-	if (!text) {
-		fsti_err(err, FST_EUSAGE,
-			 "writer: cannot encode the header (names must be valid UTF-8)");
-		return NULL;
-	}
+	if (!text)
+		return fsti_err(err, FST_EUSAGE,
+				"writer: cannot encode the header (names must be valid UTF-8)");
 	size_t n = strlen(text);
 	size_t align = w->opts.data_align;
 	size_t total = (8 + n + align - 1) / align * align + w->opts.header_extra;
 	size_t hlen = total - 8;
 	if (hlen > FST_HEADER_MAX) {
 		free(text);
-		fsti_err(err, FST_EUSAGE, "writer: header of %zu bytes exceeds the %u-byte limit",
-			 hlen, FST_HEADER_MAX);
-		return NULL;
+		return fsti_err(err, FST_EUSAGE,
+				"writer: header of %zu bytes exceeds the %u-byte limit", hlen,
+				FST_HEADER_MAX);
 	}
-	char *out = fsti_malloc(total);
-	if (!out) {
+	char *buf = fsti_malloc(total);
+	if (!buf) {
 		free(text);
-		fsti_err(err, FST_ENOMEM, "writer: out of memory");
-		return NULL;
+		return fsti_err(err, FST_ENOMEM, "writer: out of memory");
 	}
 	for (int i = 0; i < 8; i++)
-		out[i] = (char)((uint64_t)hlen >> (8 * i));
-	memcpy(out + 8, text, n);
-	memset(out + 8 + n, ' ', hlen - n);
+		buf[i] = (char)((uint64_t)hlen >> (8 * i));
+	memcpy(buf + 8, text, n);
+	memset(buf + 8 + n, ' ', hlen - n);
 	free(text);
+	*out = buf;
 	*len = total;
-	return out;
+	return 0;
 }
 
 int fst_writer_finish(fst_writer *w, const char *path, fst_error *err)
@@ -280,8 +279,11 @@ int fst_writer_finish(fst_writer *w, const char *path, fst_error *err)
 	fsti_err_clear(err);
 	if (!w || !path)
 		return fsti_err(err, FST_EUSAGE, "writer: path is required");
-	qsort(w->t, w->n, sizeof *w->t,
-	      w->opts.order == FST_ORDER_ALIGNMENT ? cmp_alignment : cmp_added);
+	/* w->t is NULL until the first add, and qsort's pointer must not be
+	 * NULL even for zero elements. */
+	if (w->n)
+		qsort(w->t, w->n, sizeof *w->t,
+		      w->opts.order == FST_ORDER_ALIGNMENT ? cmp_alignment : cmp_added);
 	uint64_t off = 0;
 	for (size_t i = 0; i < w->n; i++) {
 		w->t[i].begin = off;
@@ -289,10 +291,11 @@ int fst_writer_finish(fst_writer *w, const char *path, fst_error *err)
 	}
 	if (off > INT64_MAX)
 		return fsti_err(err, FST_EUSAGE, "writer: tensors total more than 2^63 bytes");
-	size_t hlen;
-	char *header = build_header(w, &hlen, err);
-	if (!header)
-		return err ? err->code : FST_ENOMEM;
+	size_t hlen = 0;
+	char *header = NULL;
+	int hrc = build_header(w, &header, &hlen, err);
+	if (hrc)
+		return hrc;
 
 	size_t plen = strlen(path) + 5;
 	char *tmp = fsti_malloc(plen);

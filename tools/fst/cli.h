@@ -38,7 +38,36 @@ double cli_now(void);
 /* Print "fst CMD: message" on stderr. */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Load options shared by load, verify and bench (long options only). */
+#define CLI_LOAD_OPTIONS                                              \
+	{"device", required_argument, NULL, 1001},                    \
+	{"io", required_argument, NULL, 1002},                        \
+	{"threads", required_argument, NULL, 1003},                   \
+	{"chunk", required_argument, NULL, 1004},                     \
+	{"staging", required_argument, NULL, 1005},                   \
+	{"pinned", no_argument, NULL, 1006},                          \
+	{"gds", required_argument, NULL, 1007}
+#define CLI_LOAD_OPTIONS_HELP                                                          \
+	"  --device DEV    cpu (default), cuda or cuda:N\n"                                \
+	"  --io METHOD     auto (default), pread, uring or mmap (cpu only)\n"              \
+	"  --threads N     reader threads (default: one per CPU, at most 16)\n"            \
+	"  --chunk SIZE    bytes per read (default 16MiB)\n"                              \
+	"  --staging SIZE  host staging budget (default 256MiB)\n"                       \
+	"  --pinned        cpu: page-lock the destination\n"                             \
+	"  --gds POLICY    auto (default), on or off: GPUDirect Storage (docs/gds.md)\n"
+
+/* Apply one of CLI_LOAD_OPTIONS; returns EXIT_OK, EXIT_USAGE (message
+ * printed) or -1 when c is not a load option. */
+int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *opts);
+/* Apply FST_FAULT from the environment, failing loudly on a bad spec. */
+int cli_check_fault_env(const char *cmd);
+/* Peak resident set size of this process, bytes. */
+uint64_t cli_peak_rss(void);
+
 int cmd_inspect(int argc, char **argv);
 int cmd_gen(int argc, char **argv);
+int cmd_load(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 #endif

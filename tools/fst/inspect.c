@@ -18,7 +18,9 @@ static void help(FILE *out)
 		"  --json     one JSON document on stdout: a list with one object per file\n"
 		"  -h, --help this help\n"
 		"\n"
-		"Exit: 0 all inputs valid, 2 any invalid (one message each on stderr), 1 usage.\n");
+		"Exit: 0 all inputs valid; else that of the first failing input (one message\n"
+		"each on stderr): 2 invalid, 4 cannot be read, 5 out of memory, 8 changed\n"
+		"while read; 1 usage.\n");
 }
 
 /* Largest power of two dividing off, capped at 4096 ("4096" means 4096 or more). */
@@ -150,7 +152,14 @@ int cmd_inspect(int argc, char **argv)
 		fst_error err;
 		if (fst_checkpoint_open(argv[i], &ck, &err)) {
 			cli_error("inspect", "%s", err.message);
-			rc = EXIT_INVALID;
+			/* The first failing input decides: 4 for one that cannot be
+			 * read, 5 out of memory, 8 changed while read (cli.h); any
+			 * other failure (a shard that is a directory, say) is 2. */
+			if (rc == EXIT_OK) {
+				bool own = err.code == FST_EIO || err.code == FST_ENOMEM ||
+					   err.code == FST_ECHANGED;
+				rc = own ? cli_exit_code(err.code) : EXIT_INVALID;
+			}
 			if (out)
 				json_array_append_new(out, json_pack("{s:s, s:b, s:s}", "path",
 								     argv[i], "ok", 0, "error",

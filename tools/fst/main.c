@@ -10,6 +10,9 @@ static const struct {
 } commands[] = {
 	{"inspect", cmd_inspect, "list the tensors of safetensors files and check them"},
 	{"gen", cmd_gen, "write a synthetic checkpoint shaped like a decoder LLM"},
+	{"load", cmd_load, "load a checkpoint into CPU or GPU memory and report the speed"},
+	{"verify", cmd_verify, "load, then compare every byte with a plain read of the files"},
+	{"bench", cmd_bench, "compare fst with the machine's limits and the reference loader"},
 };
 
 static void usage(FILE *out)

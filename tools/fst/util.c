@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <time.h>
 
 int cli_exit_code(int status)
@@ -99,4 +100,77 @@ void cli_error(const char *cmd, const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	fputc('\n', stderr);
 	va_end(ap);
+}
+
+int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *o)
+{
+	uint64_t v;
+	switch (c) {
+	case 1001:
+		o->device = arg;
+		return EXIT_OK;
+	case 1002:
+		if (!strcmp(arg, "auto")) o->io = FST_IO_AUTO;
+		else if (!strcmp(arg, "pread")) o->io = FST_IO_PREAD;
+		else if (!strcmp(arg, "uring")) o->io = FST_IO_URING;
+		else if (!strcmp(arg, "mmap")) o->io = FST_IO_MMAP;
+		else {
+			cli_error(cmd, "--io \"%s\": expected auto, pread, uring or mmap", arg);
+			return EXIT_USAGE;
+		}
+		return EXIT_OK;
+	case 1003:
+		if (!cli_parse_uint(arg, 64, &v) || !v) {
+			cli_error(cmd, "--threads \"%s\": expected 1 to 64", arg);
+			return EXIT_USAGE;
+		}
+		o->threads = (unsigned)v;
+		return EXIT_OK;
+	case 1004:
+		if (!cli_parse_size(arg, &v) || v < 4096 || v > (1ull << 30)) {
+			cli_error(cmd, "--chunk \"%s\": expected a size from 4KiB to 1GiB", arg);
+			return EXIT_USAGE;
+		}
+		o->chunk_bytes = v;
+		return EXIT_OK;
+	case 1005:
+		if (!cli_parse_size(arg, &v) || v < (1u << 20)) {
+			cli_error(cmd, "--staging \"%s\": expected a size of at least 1MiB", arg);
+			return EXIT_USAGE;
+		}
+		o->staging_bytes = v;
+		return EXIT_OK;
+	case 1006:
+		o->pinned = 1;
+		return EXIT_OK;
+	case 1007:
+		if (!strcmp(arg, "auto")) o->gds = FST_GDS_AUTO;
+		else if (!strcmp(arg, "on")) o->gds = FST_GDS_ON;
+		else if (!strcmp(arg, "off")) o->gds = FST_GDS_OFF;
+		else {
+			cli_error(cmd, "--gds \"%s\": expected auto, on or off", arg);
+			return EXIT_USAGE;
+		}
+		return EXIT_OK;
+	default:
+		return -1;
+	}
+}
+
+int cli_check_fault_env(const char *cmd)
+{
+	const char *spec = getenv("FST_FAULT");
+	fst_error err;
+	if (spec && *spec && fst_fault_set(spec, &err)) {
+		cli_error(cmd, "%s", err.message);
+		return EXIT_USAGE;
+	}
+	return EXIT_OK;
+}
+
+uint64_t cli_peak_rss(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (uint64_t)ru.ru_maxrss * 1024;
 }

@@ -1,0 +1,764 @@
+/*
+ * engine.c - the loading pipeline: plan, destination, reader threads, and
+ * per-tensor readiness.
+ *
+ * Workers take chunks in plan order from one atomic counter, ask the sink
+ * where the bytes go (the destination itself on the CPU, a staging slot for
+ * a GPU), read them there, and hand them to the sink. The sink reports each
+ * chunk once its bytes are in their final place; only then does the engine
+ * count them against their tensors. A tensor is ready exactly when its last
+ * byte has been counted: readiness is decided here and nowhere else.
+ */
+#include "engine.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_ALIGN 256u
+#define DEFAULT_STAGING (256ull << 20)
+#define DEFAULT_CHUNK (16ull << 20)
+#define MAX_THREADS 64u
+
+void fst_load_opts_init(fst_load_opts *o)
+{
+	memset(o, 0, sizeof *o);
+	o->struct_size = sizeof *o;
+	o->device = "cpu";
+	o->io = FST_IO_AUTO;
+	o->gds = FST_GDS_AUTO;
+}
+
+const char *fsti_engine_path(const struct fsti_engine *e, uint32_t file)
+{
+	return fst_file_path(fst_checkpoint_file(e->ck, file));
+}
+
+int fsti_engine_fd(const struct fsti_engine *e, uint32_t file)
+{
+	return fst_file_fd(fst_checkpoint_file(e->ck, file));
+}
+
+/* ---- readiness */
+
+static void push_ready_locked(struct fsti_engine *e, size_t t)
+{
+	e->ready[e->nready++] = t;
+}
+
+void fsti_chunk_done(struct fsti_engine *e, const struct fsti_chunk *c)
+{
+	uint64_t c0 = c->file_off, c1 = c->file_off + c->len;
+	bool any = false;
+	for (uint32_t i = c->first; i <= c->last; i++) {
+		const struct fsti_plan_tensor *t = &e->plan.t[i];
+		uint64_t a = FSTI_MAX(c0, t->file_off), b = FSTI_MIN(c1, t->file_off + t->nbytes);
+		if (b <= a)
+			continue;
+		if (atomic_fetch_sub(&e->remaining[i], b - a) == b - a) {
+			pthread_mutex_lock(&e->lock);
+			push_ready_locked(e, i);
+			pthread_mutex_unlock(&e->lock);
+			any = true;
+		}
+	}
+	atomic_fetch_add(&e->bytes_done, c->len);
+	if (any)
+		pthread_cond_broadcast(&e->cond);
+}
+
+void fsti_engine_fail(struct fsti_engine *e, const fst_error *err)
+{
+	pthread_mutex_lock(&e->lock);
+	if (!e->error) {
+		e->error = err->code ? err->code : FST_EIO;
+		e->first_error = *err;
+	}
+	pthread_mutex_unlock(&e->lock);
+	atomic_store(&e->stop, 1);
+	pthread_cond_broadcast(&e->cond);
+}
+
+/* ---- the host sink for readers that need landing slots (O_DIRECT) */
+
+struct host_worker {
+	char *slot[FSTI_SLOTS];
+};
+
+static int host_worker_init(struct fsti_engine *e, void **state, fst_error *err)
+{
+	struct host_worker *w = fsti_calloc(1, sizeof *w);
+	if (!w)
+		return fsti_err(err, FST_ENOMEM, "out of memory for landing slots");
+	*state = w;
+	for (int s = 0; s < FSTI_SLOTS; s++)
+		if (!(w->slot[s] = fsti_aligned_alloc(FSTI_DIRECT_ALIGN, (size_t)e->slot_bytes)))
+			return fsti_err(err, FST_ENOMEM, "out of memory for landing slots");
+	return 0;
+}
+
+static int host_slot_buffer(struct fsti_engine *e, void *state, int s, char **buf,
+			    fst_error *err)
+{
+	(void)e;
+	(void)err;
+	*buf = ((struct host_worker *)state)->slot[s];
+	return 0;
+}
+
+struct scatter {
+	char *dst;
+	const char *src;
+};
+
+static int scatter_piece(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len)
+{
+	struct scatter *sc = ctx;
+	memcpy(sc->dst + dst_off, sc->src + at, len);
+	return 0;
+}
+
+static int host_deliver(struct fsti_engine *e, void *state, int s, const struct fsti_chunk *c,
+			const char *where, fst_error *err)
+{
+	(void)state;
+	(void)s;
+	(void)err;
+	struct scatter sc = {e->buf->base, where};
+	fsti_chunk_pieces(&e->plan, c, scatter_piece, &sc);
+	fsti_chunk_done(e, c);
+	return 0;
+}
+
+static int host_drain(struct fsti_engine *e, void *state, fst_error *err)
+{
+	(void)e;
+	(void)state;
+	(void)err;
+	return 0;
+}
+
+static void host_worker_fini(struct fsti_engine *e, void *state)
+{
+	(void)e;
+	struct host_worker *w = state;
+	if (!w)
+		return;
+	for (int s = 0; s < FSTI_SLOTS; s++)
+		fsti_free(w->slot[s]);
+	fsti_free(w);
+}
+
+static const struct fsti_sink host_sink = {
+	.name = "host",
+	.worker_init = host_worker_init,
+	.slot_buffer = host_slot_buffer,
+	.deliver = host_deliver,
+	.drain = host_drain,
+	.worker_fini = host_worker_fini,
+};
+
+/* ---- workers */
+
+/* Direct mode: pread straight into the destination, nothing in between. */
+static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
+{
+	while (!atomic_load(&e->stop)) {
+		size_t i = atomic_fetch_add(&e->next_chunk, 1);
+		if (i >= e->plan.nc)
+			return 0;
+		const struct fsti_chunk *c = &e->plan.c[i];
+		int rc = e->reader->read_exact(e, rstate, c->file, c->file_off, c->len,
+					       (char *)e->buf->base + c->dst_off, err);
+		if (rc)
+			return rc;
+		fsti_chunk_done(e, c);
+	}
+	return 0;
+}
+
+/*
+ * Slot mode: up to FSTI_SLOTS - 1 reads in flight, the oldest delivered
+ * first; the spare slot's bytes may still be in flight to the destination
+ * (a GPU copy), and the sink waits for that copy before the slot is reused.
+ */
+static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_error *err)
+{
+	const struct fsti_chunk *inflight[FSTI_SLOTS] = {0};
+	int head = 0, count = 0, rc = 0;
+	for (;;) {
+		while (!rc && count < FSTI_SLOTS - 1 && !atomic_load(&e->stop)) {
+			size_t i = atomic_fetch_add(&e->next_chunk, 1);
+			if (i >= e->plan.nc)
+				break;
+			const struct fsti_chunk *c = &e->plan.c[i];
+			int s = (head + count) % FSTI_SLOTS;
+			char *buf;
+			rc = e->sink->slot_buffer(e, sstate, s, &buf, err);
+			if (!rc)
+				rc = e->reader->start(e, rstate, s, c->file, c->file_off, c->len, buf,
+						      err);
+			inflight[s] = c;
+			count++;
+		}
+		if (!count)
+			return rc;
+		/* Even after an error every started read is waited for: nothing
+		 * may still be writing into a slot when it is freed. */
+		const char *where;
+		fst_error werr;
+		int wrc = e->reader->wait(e, rstate, head, &where, &werr);
+		if (!rc && wrc) {
+			rc = wrc;
+			*err = werr;
+		}
+		if (!rc && !atomic_load(&e->stop))
+			rc = e->sink->deliver(e, sstate, head, inflight[head], where, err);
+		inflight[head] = NULL;
+		head = (head + 1) % FSTI_SLOTS;
+		count--;
+	}
+}
+
+static void *worker_main(void *arg)
+{
+	struct fsti_engine *e = arg;
+	fst_error err;
+	fsti_err_clear(&err);
+	void *rstate = NULL, *sstate = NULL;
+	int rc = e->reader->worker_init(e, &rstate, &err);
+	if (!rc && !e->sink) {
+		rc = run_direct(e, rstate, &err);
+		e->reader->worker_fini(rstate);
+	} else if (!rc) {
+		rc = e->sink->worker_init(e, &sstate, &err);
+		if (!rc)
+			rc = run_slots(e, rstate, sstate, &err);
+		/* Wait for this worker's copies even after an error: nothing may
+		 * still be writing when the destination is released. */
+		fst_error derr;
+		int drc = e->sink->drain(e, sstate, &derr);
+		if (!rc && drc) {
+			rc = drc;
+			err = derr;
+		}
+		e->reader->worker_fini(rstate);
+		e->sink->worker_fini(e, sstate);
+	}
+	if (rc)
+		fsti_engine_fail(e, &err);
+	pthread_mutex_lock(&e->lock);
+	e->running--;
+	pthread_mutex_unlock(&e->lock);
+	pthread_cond_broadcast(&e->cond);
+	return NULL;
+}
+
+/* ---- options */
+
+static int parse_device(const char *s, int *type, int *id, fst_error *err)
+{
+	if (!s || !strcmp(s, "cpu")) {
+		*type = FST_DEVICE_CPU;
+		*id = 0;
+		return 0;
+	}
+	if (!strcmp(s, "cuda")) {
+		*type = FST_DEVICE_CUDA;
+		*id = 0;
+		return 0;
+	}
+	if (!strncmp(s, "cuda:", 5) && s[5]) {
+		char *end;
+		long v = strtol(s + 5, &end, 10);
+		if (!*end && v >= 0 && v < 1024) {
+			*type = FST_DEVICE_CUDA;
+			*id = (int)v;
+			return 0;
+		}
+	}
+	return fsti_err(err, FST_EUSAGE, "device \"%s\": expected cpu, cuda or cuda:N", s);
+}
+
+static unsigned default_threads(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1 : n > 16 ? 16 : (unsigned)n;
+}
+
+static int check_opts(const fst_load_opts *in, fst_load_opts *o, fst_error *err)
+{
+	fst_load_opts_init(o);
+	if (in) {
+		if (in->struct_size < sizeof(size_t) || in->struct_size > sizeof *o)
+			return fsti_err(err, FST_EUSAGE,
+					"load options not initialised with fst_load_opts_init");
+		memcpy(o, in, in->struct_size);
+		o->struct_size = sizeof *o;
+	}
+	if (o->io < FST_IO_AUTO || o->io > FST_IO_MMAP)
+		return fsti_err(err, FST_EUSAGE, "unknown io method %d", o->io);
+	if (o->gds < FST_GDS_AUTO || o->gds > FST_GDS_OFF)
+		return fsti_err(err, FST_EUSAGE, "unknown gds policy %d", o->gds);
+	if (!o->align)
+		o->align = DEFAULT_ALIGN;
+	if (o->align & (o->align - 1))
+		return fsti_err(err, FST_EUSAGE, "align %u is not a power of two", o->align);
+	if (!o->staging_bytes)
+		o->staging_bytes = DEFAULT_STAGING;
+	if (!o->threads)
+		o->threads = default_threads();
+	if (o->threads > MAX_THREADS)
+		return fsti_err(err, FST_EUSAGE, "%u threads: at most %u", o->threads, MAX_THREADS);
+	if (!o->chunk_bytes)
+		o->chunk_bytes = DEFAULT_CHUNK;
+	if (o->chunk_bytes < 4096 || o->chunk_bytes > (1ull << 30))
+		return fsti_err(err, FST_EUSAGE, "chunk size %" PRIu64 " must be 4 KiB to 1 GiB",
+				o->chunk_bytes);
+	return 0;
+}
+
+/* The files must be the ones that were opened: same identity and size. */
+static int check_files_unchanged(const fst_checkpoint *ck, const char *when, fst_error *err)
+{
+	for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++) {
+		const fst_file *f = fst_checkpoint_file(ck, i);
+		if (f->fd < 0)
+			continue;
+		struct stat st;
+		if (fstat(f->fd, &st))
+			return fsti_err_sys(err, FST_EIO, errno, "%s: cannot stat", f->path);
+		uint64_t mtime = (uint64_t)st.st_mtim.tv_sec * 1000000000ull +
+				 (uint64_t)st.st_mtim.tv_nsec;
+		if ((uint64_t)st.st_size != f->size || mtime != f->mtime_ns)
+			return fsti_err(err, FST_ECHANGED,
+					"%s: file changed %s (size %" PRIu64 " -> %" PRIu64
+					", modification time %s); its bytes cannot be trusted",
+					f->path, when, f->size, (uint64_t)st.st_size,
+					mtime != f->mtime_ns ? "changed" : "unchanged");
+		struct stat now;
+		if (stat(f->path, &now) == 0 &&
+		    ((uint64_t)now.st_ino != f->ino || (uint64_t)now.st_dev != f->dev))
+			fsti_log(FST_LOG_WARN,
+				 "%s: the path now names another file (replaced %s); the "
+				 "opened file was read",
+				 f->path, when);
+	}
+	return 0;
+}
+
+/* ---- the mmap "load": read-only views of the files, no copy */
+
+static void release_maps(struct fst_buffer *b)
+{
+	for (size_t i = 0; i < b->nmaps; i++)
+		if (b->maps[i])
+			munmap(b->maps[i], b->map_lens[i]);
+	fsti_free(b->maps);
+	fsti_free(b->map_lens);
+}
+
+static int map_files(struct fsti_engine *e, fst_error *err)
+{
+	struct fst_buffer *b = e->buf;
+	size_t nf = fst_checkpoint_file_count(e->ck);
+	b->maps = fsti_calloc(nf, sizeof *b->maps);
+	b->map_lens = fsti_calloc(nf, sizeof *b->map_lens);
+	b->release_memory = release_maps;
+	if (!b->maps || !b->map_lens)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	b->nmaps = nf;
+	for (size_t i = 0; i < nf; i++) {
+		const fst_file *f = fst_checkpoint_file(e->ck, i);
+		if (f->fd < 0)
+			return fsti_err(err, FST_EUNSUPPORTED,
+					"%s: io=mmap needs files, not memory images", f->path);
+		int fault = fsti_fault("mmap");
+		void *m = fault ? (errno = fault, MAP_FAILED)
+				: mmap(NULL, f->size, PROT_READ, MAP_SHARED, f->fd, 0);
+		if (m == MAP_FAILED)
+			return fsti_err_sys(err, FST_EIO, errno, "%s: mmap failed", f->path);
+		b->maps[i] = m;
+		b->map_lens[i] = f->size;
+	}
+	for (size_t i = 0; i < e->plan.nt; i++) {
+		const struct fsti_plan_tensor *t = &e->plan.t[i];
+		b->t[i].data = (char *)b->maps[t->file] + t->file_off;
+	}
+	return 0;
+}
+
+/* ---- destination memory on the host */
+
+static void release_host(struct fst_buffer *b)
+{
+	if (b->allocator.free)
+		b->allocator.free(b->allocator.ctx, b->base, b->size, b->device_type, b->device_id);
+	else
+		fsti_host_free(b->base, b->map_len);
+}
+
+static int alloc_host(struct fsti_engine *e, fst_error *err)
+{
+	struct fst_buffer *b = e->buf;
+	uint64_t size = e->plan.dst_size;
+	const fst_allocator *a = e->opts.allocator;
+	if (a && a->alloc) {
+		if (!a->free)
+			return fsti_err(err, FST_EUSAGE, "allocator: alloc given without free");
+		void *p = a->alloc(a->ctx, size ? size : 1, e->opts.align, FST_DEVICE_CPU, 0);
+		if (!p)
+			return fsti_err(err, FST_ENOMEM,
+					"allocator: could not allocate %" PRIu64 " bytes", size);
+		b->allocator = *a;
+		b->base = p;
+		b->size = size ? size : 1;
+		b->release_memory = release_host;
+		if ((uintptr_t)p % e->opts.align)
+			return fsti_err(err, FST_EUSAGE,
+					"allocator: returned %p, not aligned to %u bytes", p,
+					e->opts.align);
+		return 0;
+	}
+	int rc = fsti_host_alloc(size, e->opts.pinned, &b->base, &b->map_len, err);
+	if (rc)
+		return rc;
+	b->size = size;
+	b->release_memory = release_host;
+	return 0;
+}
+
+/* ---- start, next, finish */
+
+static void engine_free(struct fsti_engine *e)
+{
+	if (!e)
+		return;
+	if (e->direct_fds) {
+		for (size_t i = 0; i < fst_checkpoint_file_count(e->ck); i++)
+			if (e->direct_fds[i] >= 0)
+				close(e->direct_fds[i]);
+		fsti_free(e->direct_fds);
+	}
+	fst_buffer_release(e->buf);
+	fsti_plan_free(&e->plan);
+	fsti_free((void *)e->remaining);
+	fsti_free(e->ready);
+	fsti_free(e->threads);
+	pthread_mutex_destroy(&e->lock);
+	pthread_cond_destroy(&e->cond);
+	fsti_free(e);
+}
+
+static void join_workers(struct fsti_engine *e)
+{
+	for (unsigned i = 0; i < e->started; i++)
+		pthread_join(e->threads[i], NULL);
+	e->started = 0;
+}
+
+static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
+{
+	char pct[48] = "";
+	switch (e->opts.io) {
+	case FST_IO_MMAP:
+		if (device_type != FST_DEVICE_CPU)
+			return fsti_err(err, FST_EUSAGE,
+					"io=mmap gives views of the files: cpu device only");
+		snprintf(e->why, sizeof e->why, "asked for (io=mmap)");
+		return 0;
+	case FST_IO_PREAD:
+		e->reader = &fsti_reader_pread;
+		snprintf(e->why, sizeof e->why, "asked for (io=pread)");
+		return 0;
+	case FST_IO_URING:
+		e->reader = &fsti_reader_uring;
+		snprintf(e->why, sizeof e->why, "asked for (io=uring)");
+		return 0;
+	default: {
+		/* auto: pread when the data is mostly in the page cache (one kernel
+		 * copy, parallel), O_DIRECT through io_uring when it is not (no
+		 * cache pollution, deep queues). */
+		double cached = fsti_cached_fraction(e->ck);
+		if (cached >= 0)
+			snprintf(pct, sizeof pct, "%.0f%% of the data in the page cache",
+				 cached * 100);
+		else
+			snprintf(pct, sizeof pct, "page-cache residency unknown");
+		e->reader = cached < 0 || cached >= 0.5 ? &fsti_reader_pread : &fsti_reader_uring;
+		snprintf(e->why, sizeof e->why, "auto: %s", pct);
+		return 0;
+	}
+	}
+}
+
+int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_loader **out,
+		   fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!ck || !out)
+		return fsti_err(err, FST_EUSAGE, "fst_load_start: checkpoint and out are required");
+	*out = NULL;
+	struct fsti_engine *e = fsti_calloc(1, sizeof *e);
+	if (!e)
+		return fsti_err(err, FST_ENOMEM, "out of memory for the loader");
+	pthread_mutex_init(&e->lock, NULL);
+	pthread_cond_init(&e->cond, NULL);
+	e->ck = ck;
+	int device_type = FST_DEVICE_CPU, device_id = 0;
+	int rc = check_opts(opts, &e->opts, err);
+	if (!rc)
+		rc = parse_device(e->opts.device, &device_type, &device_id, err);
+	if (!rc && device_type != FST_DEVICE_CPU)
+		rc = fsti_err(err, FST_EUNSUPPORTED,
+			      "device %s: this build of libfst has no CUDA target yet",
+			      e->opts.device);
+	if (!rc)
+		rc = choose_io(e, device_type, err);
+	if (!rc)
+		rc = check_files_unchanged(ck, "since it was opened", err);
+	/* pread into host memory needs nothing in between; everything else
+	 * lands in per-worker slots first. */
+	bool direct = device_type == FST_DEVICE_CPU && e->reader == &fsti_reader_pread;
+	if (!rc && !direct && e->opts.io != FST_IO_MMAP) {
+		e->sink = &host_sink;
+		/* landing slots of every thread fit the staging budget */
+		uint64_t per_slot = e->opts.staging_bytes / ((uint64_t)e->opts.threads * FSTI_SLOTS);
+		uint64_t chunk = FSTI_MIN(e->opts.chunk_bytes, per_slot);
+		chunk &= ~(uint64_t)(FSTI_DIRECT_ALIGN - 1);
+		e->opts.chunk_bytes = FSTI_MAX(chunk, (uint64_t)FSTI_DIRECT_ALIGN);
+		e->slot_bytes = e->opts.chunk_bytes + 2 * FSTI_DIRECT_ALIGN;
+	}
+	if (!rc)
+		rc = fsti_plan_build(ck, e->opts.filter, e->opts.filter_ctx, e->opts.align,
+				     e->opts.chunk_bytes, direct || e->opts.io == FST_IO_MMAP,
+				     &e->plan, err);
+	if (!rc)
+		rc = fsti_buffer_new(ck, &e->plan, &e->buf, err);
+	if (rc)
+		goto fail;
+	e->buf->device_type = device_type;
+	e->buf->device_id = device_id;
+	e->ready = fsti_calloc(e->plan.nt + 1, sizeof *e->ready);
+	e->remaining = fsti_calloc(e->plan.nt + 1, sizeof *e->remaining);
+	size_t nf = fst_checkpoint_file_count(ck);
+	e->direct_fds = fsti_calloc(nf + 1, sizeof *e->direct_fds);
+	if (!e->ready || !e->remaining || !e->direct_fds) {
+		rc = fsti_err(err, FST_ENOMEM, "out of memory for the loader");
+		goto fail;
+	}
+	for (size_t i = 0; i < nf; i++)
+		e->direct_fds[i] = -2; /* not opened yet */
+
+	if (e->opts.io == FST_IO_MMAP) {
+		rc = map_files(e, err);
+		if (rc)
+			goto fail;
+		for (size_t i = 0; i < e->plan.nt; i++)
+			push_ready_locked(e, i);
+		atomic_store(&e->bytes_done, e->plan.total_bytes);
+		snprintf(e->buf->describe, sizeof e->buf->describe,
+			 "mmap: read-only views of the files, no copy (%s)", e->why);
+		*out = (fst_loader *)e;
+		return 0;
+	}
+
+	rc = alloc_host(e, err);
+	if (rc)
+		goto fail;
+	for (size_t i = 0; i < e->plan.nt; i++) {
+		const struct fsti_plan_tensor *t = &e->plan.t[i];
+		e->buf->t[i].data = (char *)e->buf->base + t->dst_off;
+		atomic_init(&e->remaining[i], t->nbytes);
+		if (!t->nbytes)
+			push_ready_locked(e, i);
+	}
+	/* no more threads than chunks */
+	e->nthreads = e->opts.threads;
+	if (e->nthreads > e->plan.nc)
+		e->nthreads = (unsigned)e->plan.nc;
+	char chunk[32];
+	if (e->opts.chunk_bytes % (1u << 20))
+		snprintf(chunk, sizeof chunk, "%" PRIu64 " KiB", e->opts.chunk_bytes >> 10);
+	else
+		snprintf(chunk, sizeof chunk, "%" PRIu64 " MiB", e->opts.chunk_bytes >> 20);
+	snprintf(e->buf->describe, sizeof e->buf->describe, "%s, %u thread%s, %s chunks: %s",
+		 e->reader->name, e->nthreads, e->nthreads == 1 ? "" : "s",
+		 chunk, e->why);
+	e->threads = fsti_calloc(e->nthreads + 1, sizeof *e->threads);
+	if (!e->threads) {
+		rc = fsti_err(err, FST_ENOMEM, "out of memory for the loader");
+		goto fail;
+	}
+	e->running = e->nthreads;
+	for (unsigned i = 0; i < e->nthreads; i++) {
+		if (pthread_create(&e->threads[i], NULL, worker_main, e)) {
+			int errnum = errno;
+			pthread_mutex_lock(&e->lock);
+			e->running -= e->nthreads - i;
+			pthread_mutex_unlock(&e->lock);
+			atomic_store(&e->stop, 1);
+			join_workers(e);
+			rc = fsti_err_sys(err, FST_ENOMEM, errnum, "cannot start reader threads");
+			goto fail;
+		}
+		e->started++;
+	}
+	*out = (fst_loader *)e;
+	return 0;
+fail:
+	engine_free(e);
+	return rc;
+}
+
+static bool all_handed(const struct fsti_engine *e)
+{
+	return e->nhanded == e->plan.nt;
+}
+
+int fst_loader_next(fst_loader *ld, fst_tensor_view *view, fst_error *err)
+{
+	struct fsti_engine *e = (struct fsti_engine *)ld;
+	fsti_err_clear(err);
+	if (!e || !view)
+		return fsti_err(err, FST_EUSAGE, "fst_loader_next: loader and view are required");
+	pthread_mutex_lock(&e->lock);
+	while (!e->error && e->nhanded == e->nready && e->running)
+		pthread_cond_wait(&e->cond, &e->lock);
+	int rc;
+	if (e->error) {
+		rc = e->error;
+		if (err)
+			*err = e->first_error;
+	} else if (e->nhanded < e->nready) {
+		size_t i = e->ready[e->nhanded++];
+		fst_buffer_tensor(e->buf, i, view);
+		rc = 1;
+	} else if (all_handed(e)) {
+		rc = 0;
+	} else {
+		rc = fsti_err(err, FST_EIO, "internal: readers stopped with %zu of %zu tensors "
+					    "complete",
+			      e->nready, e->plan.nt);
+	}
+	pthread_mutex_unlock(&e->lock);
+	return rc;
+}
+
+void fst_loader_progress(const fst_loader *ld, uint64_t *done, uint64_t *total)
+{
+	const struct fsti_engine *e = (const struct fsti_engine *)ld;
+	if (done)
+		*done = atomic_load(&e->bytes_done);
+	if (total)
+		*total = e->plan.total_bytes;
+}
+
+void fst_loader_cancel(fst_loader *ld)
+{
+	struct fsti_engine *e = (struct fsti_engine *)ld;
+	if (!e)
+		return;
+	pthread_mutex_lock(&e->lock);
+	if (!e->error) {
+		e->canceled = true;
+		e->error = FST_ECANCELED;
+		fsti_err(&e->first_error, FST_ECANCELED, "load cancelled");
+	}
+	pthread_mutex_unlock(&e->lock);
+	atomic_store(&e->stop, 1);
+	pthread_cond_broadcast(&e->cond);
+}
+
+/* Wait for the workers, calling progress every 100 ms. */
+static void wait_workers(struct fsti_engine *e, bool report)
+{
+	pthread_mutex_lock(&e->lock);
+	while (e->running) {
+		if (!report) {
+			pthread_cond_wait(&e->cond, &e->lock);
+			continue;
+		}
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 100 * 1000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+		pthread_mutex_unlock(&e->lock);
+		e->opts.progress(e->opts.progress_ctx, atomic_load(&e->bytes_done),
+				 e->plan.total_bytes);
+		pthread_mutex_lock(&e->lock);
+	}
+	pthread_mutex_unlock(&e->lock);
+}
+
+int fst_loader_finish(fst_loader *ld, fst_buffer **out, fst_error *err)
+{
+	struct fsti_engine *e = (struct fsti_engine *)ld;
+	fsti_err_clear(err);
+	if (out)
+		*out = NULL;
+	if (!e)
+		return fsti_err(err, FST_EUSAGE, "fst_loader_finish: loader is required");
+	wait_workers(e, e->opts.progress != NULL);
+	join_workers(e);
+	int rc = e->error;
+	if (rc) {
+		if (err)
+			*err = e->first_error;
+	} else if (e->opts.io != FST_IO_MMAP) {
+		/* Every byte must have been counted, and the files must still be
+		 * the ones we read. */
+		if (atomic_load(&e->bytes_done) != e->plan.total_bytes)
+			rc = fsti_err(err, FST_EIO, "internal: %" PRIu64 " of %" PRIu64
+						    " bytes arrived",
+				      (uint64_t)atomic_load(&e->bytes_done), e->plan.total_bytes);
+		else
+			rc = check_files_unchanged(e->ck, "during the load", err);
+	}
+	if (!rc) {
+		if (e->opts.progress)
+			e->opts.progress(e->opts.progress_ctx, e->plan.total_bytes,
+					 e->plan.total_bytes);
+		if (out) {
+			*out = e->buf;
+			e->buf = NULL;
+		}
+	}
+	engine_free(e);
+	return rc;
+}
+
+void fst_loader_free(fst_loader *ld)
+{
+	struct fsti_engine *e = (struct fsti_engine *)ld;
+	if (!e)
+		return;
+	fst_loader_cancel(ld);
+	wait_workers(e, false);
+	join_workers(e);
+	engine_free(e);
+}
+
+int fst_load(const fst_checkpoint *ck, const fst_load_opts *opts, fst_buffer **out,
+	     fst_error *err)
+{
+	if (out)
+		*out = NULL;
+	if (!out)
+		return fsti_err(err, FST_EUSAGE, "fst_load: out is required");
+	fst_loader *ld;
+	int rc = fst_load_start(ck, opts, &ld, err);
+	if (rc)
+		return rc;
+	return fst_loader_finish(ld, out, err);
+}

@@ -1,0 +1,205 @@
+/*
+ * engine.h - the loading pipeline's internal pieces: plan, buffer, readers
+ * and sinks, shared by engine.c and its ends. Never installed.
+ */
+#ifndef FST_ENGINE_H
+#define FST_ENGINE_H
+
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* ---- plan (plan.c): pure and deterministic */
+
+struct fsti_plan_tensor {
+	uint32_t file;     /* index in the checkpoint */
+	uint32_t entry;    /* index in the checkpoint's tensor table */
+	uint64_t file_off; /* absolute offset in its file */
+	uint64_t nbytes;
+	uint64_t dst_off;  /* offset in the destination, a multiple of align */
+};
+
+/* One read of len file bytes. It touches plan tensors first..last
+ * (inclusive); empty tensors belong to no chunk. In a plan built for direct
+ * reads the bytes also land contiguously at dst_off; otherwise dst_off is
+ * meaningless and the bytes are scattered tensor by tensor. */
+struct fsti_chunk {
+	uint32_t file;
+	uint32_t first, last;
+	uint64_t file_off, len, dst_off;
+};
+
+struct fsti_plan {
+	struct fsti_plan_tensor *t;
+	size_t nt;
+	struct fsti_chunk *c;
+	size_t nc;
+	uint64_t dst_size;    /* destination bytes, padding included */
+	uint64_t total_bytes; /* tensor bytes */
+	uint32_t align;
+};
+
+typedef int (*fsti_filter_fn)(void *ctx, const char *name);
+
+/*
+ * direct: extents must be contiguous in the destination too (for readers
+ * that write straight into it); otherwise only in the file, and chunks are
+ * cut at multiples of chunk_bytes in file offsets (friendly to O_DIRECT).
+ */
+int fsti_plan_build(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
+		    uint32_t align, uint64_t chunk_bytes, bool direct, struct fsti_plan *out,
+		    fst_error *err);
+
+/* Call fn for each piece of chunk c that belongs to one tensor: the piece
+ * starts at byte `at` of the chunk and at byte dst_off of the destination. */
+typedef int (*fsti_piece_fn)(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len);
+int fsti_chunk_pieces(const struct fsti_plan *p, const struct fsti_chunk *c, fsti_piece_fn fn,
+		      void *ctx);
+void fsti_plan_free(struct fsti_plan *p);
+
+/* ---- buffer (buffer.c) */
+
+struct fsti_btensor {
+	const char *name;
+	fst_dtype dtype;
+	uint32_t ndim;
+	const uint64_t *shape;
+	uint64_t nbytes;
+	void *data;
+};
+
+struct fst_buffer {
+	atomic_long refs;
+	int device_type, device_id;
+	void *base;     /* the one allocation (NULL for mmap buffers) */
+	uint64_t size;  /* its bytes */
+	/* how to give base back */
+	void (*release_memory)(struct fst_buffer *b);
+	fst_allocator allocator; /* when the caller's allocator made base */
+	uint64_t map_len;        /* host_mem mapping length */
+	void *device_ctx;        /* the CUDA end's state for device buffers */
+	void **maps;             /* mmap buffers: one mapping per file */
+	uint64_t *map_lens;
+	size_t nmaps;
+	struct fsti_btensor *t;
+	size_t nt;
+	uint64_t tensor_bytes;
+	fsti_names by_name;
+	char *arena;
+	char describe[256];
+};
+
+/* A buffer whose table mirrors the plan's tensors (data pointers unset). */
+int fsti_buffer_new(const fst_checkpoint *ck, const struct fsti_plan *plan,
+		    struct fst_buffer **out, fst_error *err);
+/* Frees the table; calls release_memory. */
+void fsti_buffer_destroy(struct fst_buffer *b);
+
+/* ---- host memory (host_mem.c) */
+
+/* Anonymous memory advised for huge pages, aligned to 2 MiB; optionally
+ * page-locked. *map_len receives the length to pass to fsti_host_free. */
+int fsti_host_alloc(uint64_t size, bool pinned, void **out, uint64_t *map_len, fst_error *err);
+void fsti_host_free(void *p, uint64_t map_len);
+
+/* ---- readers (io_pread.c, io_uring.c) */
+
+struct fsti_engine;
+
+/*
+ * Readers. A worker reads a chunk either straight into the destination
+ * (read_exact) or into one of its landing slots (start, then wait): slot
+ * buffers are FSTI_DIRECT_ALIGN-aligned with room for len + 2 * FSTI_DIRECT_ALIGN
+ * bytes, and the reader says where in the slot the chunk's first byte is
+ * (O_DIRECT reads land at the block-aligned offset below it). start may
+ * return before the bytes arrive; wait returns once they are all there.
+ */
+#define FSTI_DIRECT_ALIGN 4096u
+/* Landing slots per worker: up to two reads in flight while the third
+ * slot's bytes are still being copied out (to a GPU, asynchronously). */
+#define FSTI_SLOTS 3
+
+struct fsti_reader {
+	const char *name;
+	int (*worker_init)(struct fsti_engine *e, void **state, fst_error *err);
+	int (*read_exact)(struct fsti_engine *e, void *state, uint32_t file, uint64_t off,
+			  uint64_t len, void *dst, fst_error *err);
+	int (*start)(struct fsti_engine *e, void *state, int slot, uint32_t file, uint64_t off,
+		     uint64_t len, char *buf, fst_error *err);
+	int (*wait)(struct fsti_engine *e, void *state, int slot, const char **where,
+		    fst_error *err);
+	void (*worker_fini)(void *state);
+};
+
+extern const struct fsti_reader fsti_reader_pread;
+extern const struct fsti_reader fsti_reader_uring;
+
+/* pread until len bytes; a short file is FST_ECHANGED. */
+int fsti_pread_exact(int fd, const char *path, void *dst, uint64_t len, uint64_t off,
+		     fst_error *err);
+
+/* Fraction (0..1) of the checkpoint's data pages resident in the page cache,
+ * sampled; -1 when it cannot be told. */
+double fsti_cached_fraction(const fst_checkpoint *ck);
+
+/* ---- sinks: where chunks go (engine.c has the host sink) */
+
+struct fsti_sink {
+	const char *name;
+	/* Per-worker state, with FSTI_SLOTS landing buffers of slot_bytes. */
+	int (*worker_init)(struct fsti_engine *e, void **state, fst_error *err);
+	/* Slot s's buffer, free to overwrite: waits for copies still reading
+	 * it (reporting the chunks they finish). */
+	int (*slot_buffer)(struct fsti_engine *e, void *state, int s, char **buf, fst_error *err);
+	/* Chunk c's bytes are at where, in slot s: move them to their tensors.
+	 * The sink calls fsti_chunk_done once they are in their final place. */
+	int (*deliver)(struct fsti_engine *e, void *state, int s, const struct fsti_chunk *c,
+		       const char *where, fst_error *err);
+	/* Wait until every delivered chunk of this worker is done. */
+	int (*drain)(struct fsti_engine *e, void *state, fst_error *err);
+	void (*worker_fini)(struct fsti_engine *e, void *state);
+};
+
+/* ---- engine (engine.c) */
+
+struct fsti_engine {
+	const fst_checkpoint *ck;
+	fst_load_opts opts;
+	struct fsti_plan plan;
+	struct fst_buffer *buf;
+	const struct fsti_reader *reader;
+	const struct fsti_sink *sink; /* NULL: direct reads into host memory */
+	void *sink_ctx;               /* the sink's load-wide state */
+	uint64_t slot_bytes;          /* landing slot size: chunk + 2 blocks */
+	unsigned nthreads;
+	pthread_t *threads;
+	unsigned started;
+	atomic_size_t next_chunk;
+	atomic_uint_fast64_t bytes_done;
+	atomic_uint_fast64_t *remaining; /* per plan tensor */
+	atomic_int stop;                 /* error or cancel */
+	/* ready queue and the first error */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	size_t *ready;
+	size_t nready, nhanded;
+	unsigned running;
+	int error;
+	fst_error first_error;
+	bool canceled;
+	/* O_DIRECT descriptors per file for the uring reader (-1: not open). */
+	int *direct_fds;
+	bool direct_refused_logged;
+	char why[160];
+};
+
+/* Called by sinks when chunk c's bytes are in their final place. */
+void fsti_chunk_done(struct fsti_engine *e, const struct fsti_chunk *c);
+/* Record an error (the first one wins) and stop the readers. */
+void fsti_engine_fail(struct fsti_engine *e, const fst_error *err);
+/* Path of file i, for messages. */
+const char *fsti_engine_path(const struct fsti_engine *e, uint32_t file);
+int fsti_engine_fd(const struct fsti_engine *e, uint32_t file);
+
+#endif

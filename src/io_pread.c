@@ -1,0 +1,135 @@
+/*
+ * io_pread.c - the pread reader: each worker reads its chunks with plain
+ * pread straight into their destination. The fastest path when the files
+ * are in the page cache: one copy, done by the kernel, in parallel.
+ */
+#include "engine.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+int fsti_pread_exact(int fd, const char *path, void *dst, uint64_t len, uint64_t off,
+		     fst_error *err)
+{
+	uint64_t done = 0;
+	while (done < len) {
+		size_t want = (size_t)FSTI_MIN(len - done, (uint64_t)1 << 30);
+		ssize_t n;
+		int fault = fsti_fault("read");
+		if (fault) {
+			errno = fault;
+			n = -1;
+		} else if (fsti_fault("short_read")) {
+			n = 0; /* behave as if the file ended here */
+		} else {
+			n = pread(fd, (char *)dst + done, want, (off_t)(off + done));
+		}
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return fsti_err_sys(err, FST_EIO, errno,
+					    "%s: read of %" PRIu64 " bytes at offset %" PRIu64
+					    " failed",
+					    path, len - done, off + done);
+		}
+		if (n == 0)
+			return fsti_err(err, FST_ECHANGED,
+					"%s: file ended at offset %" PRIu64 " while %" PRIu64
+					" more bytes were expected (file truncated during the "
+					"load?)",
+					path, off + done, len - done);
+		done += (uint64_t)n;
+	}
+	return 0;
+}
+
+struct pread_worker {
+	const char *where[FSTI_SLOTS];
+};
+
+static int pread_init(struct fsti_engine *e, void **state, fst_error *err)
+{
+	(void)e;
+	*state = fsti_calloc(1, sizeof(struct pread_worker));
+	return *state ? 0 : fsti_err(err, FST_ENOMEM, "out of memory for a reader");
+}
+
+static int pread_read(struct fsti_engine *e, void *state, uint32_t file, uint64_t off,
+		      uint64_t len, void *dst, fst_error *err)
+{
+	(void)state;
+	return fsti_pread_exact(fsti_engine_fd(e, file), fsti_engine_path(e, file), dst, len, off,
+				err);
+}
+
+/* pread has no asynchronous form: start reads, wait only reports where. */
+static int pread_start(struct fsti_engine *e, void *state, int slot, uint32_t file, uint64_t off,
+		       uint64_t len, char *buf, fst_error *err)
+{
+	struct pread_worker *w = state;
+	w->where[slot] = buf;
+	return pread_read(e, state, file, off, len, buf, err);
+}
+
+static int pread_wait(struct fsti_engine *e, void *state, int slot, const char **where,
+		      fst_error *err)
+{
+	(void)e;
+	(void)err;
+	*where = ((struct pread_worker *)state)->where[slot];
+	return 0;
+}
+
+static void pread_fini(void *state)
+{
+	fsti_free(state);
+}
+
+const struct fsti_reader fsti_reader_pread = {
+	.name = "pread",
+	.worker_init = pread_init,
+	.read_exact = pread_read,
+	.start = pread_start,
+	.wait = pread_wait,
+	.worker_fini = pread_fini,
+};
+
+double fsti_cached_fraction(const fst_checkpoint *ck)
+{
+	/* Probe up to 64 windows of 16 pages per file with mincore. */
+	const long page = sysconf(_SC_PAGESIZE);
+	uint64_t resident = 0, probed = 0;
+	for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++) {
+		const fst_file *f = fst_checkpoint_file(ck, i);
+		uint64_t size = fst_file_size(f);
+		if (fst_file_fd(f) < 0 || size == 0)
+			continue;
+		void *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fst_file_fd(f), 0);
+		if (map == MAP_FAILED)
+			return -1;
+		uint64_t pages = (size + (uint64_t)page - 1) / (uint64_t)page;
+		unsigned windows = pages < 64 * 16 ? 1 : 64;
+		uint64_t step = pages / windows;
+		for (unsigned w = 0; w < windows; w++) {
+			uint64_t first = w * step;
+			uint64_t n = FSTI_MIN(pages - first, (uint64_t)(windows == 1 ? pages : 16));
+			unsigned char vec[1024];
+			for (uint64_t done = 0; done < n;) {
+				uint64_t k = FSTI_MIN(n - done, (uint64_t)sizeof vec);
+				if (mincore((char *)map + (first + done) * (uint64_t)page,
+					    (size_t)(k * (uint64_t)page), vec)) {
+					munmap(map, size);
+					return -1;
+				}
+				for (uint64_t j = 0; j < k; j++)
+					resident += vec[j] & 1;
+				probed += k;
+				done += k;
+			}
+		}
+		munmap(map, size);
+	}
+	return probed ? (double)resident / (double)probed : 1.0;
+}

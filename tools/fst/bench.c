@@ -1,0 +1,504 @@
+/*
+ * bench.c - `fst bench`: in one run on one machine, fst against the
+ * machine's limits and the reference loader, warm and cold.
+ *
+ * Limits: many threads of pread into memory that is already faulted in (the
+ * page cache's copy bandwidth), and O_DIRECT reads into an aligned buffer
+ * with the files evicted from the page cache (the storage's bandwidth). The
+ * reference is the `safetensors` Python package, run as a subprocess.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static void help(FILE *out)
+{
+	fprintf(out,
+		"usage: fst bench PATH [options]\n"
+		"\n"
+		"Measures, in one run: fst load; a plain sequential read; the parallel-pread\n"
+		"limit; the reference safetensors loader (when python3 can import it); and,\n"
+		"with the files evicted from the page cache (posix_fadvise DONTNEED), fst\n"
+		"load, the O_DIRECT read limit and the reference again. Prints GB/s and\n"
+		"ratios.\n"
+		"\n" CLI_LOAD_OPTIONS_HELP
+		"  --runs N        runs of each warm measurement, best kept (default 3)\n"
+		"  --no-cold       skip the cold measurements\n"
+		"  --no-reference  skip the reference loader\n"
+		"  --json          print the results as one JSON object\n"
+		"  -h, --help      this help\n");
+}
+
+struct files {
+	size_t n;
+	char **path;
+	uint64_t *size;
+	uint64_t total;
+};
+
+static int collect_files(const fst_checkpoint *ck, struct files *fs)
+{
+	fs->n = fst_checkpoint_file_count(ck);
+	fs->path = calloc(fs->n, sizeof *fs->path);
+	fs->size = calloc(fs->n, sizeof *fs->size);
+	if (!fs->path || !fs->size)
+		return -1;
+	for (size_t i = 0; i < fs->n; i++) {
+		const fst_file *f = fst_checkpoint_file(ck, i);
+		fs->path[i] = strdup(fst_file_path(f));
+		fs->size[i] = fst_file_size(f);
+		fs->total += fs->size[i];
+		if (!fs->path[i])
+			return -1;
+	}
+	return 0;
+}
+
+static void evict(const struct files *fs)
+{
+	for (size_t i = 0; i < fs->n; i++) {
+		int fd = open(fs->path[i], O_RDONLY);
+		if (fd >= 0) {
+			fdatasync(fd);
+			posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+			close(fd);
+		}
+	}
+}
+
+/* Fraction of the files' pages in the page cache. */
+static double resident(const struct files *fs)
+{
+	uint64_t in = 0, all = 0;
+	long page = sysconf(_SC_PAGESIZE);
+	unsigned char *vec = malloc(1 << 20);
+	for (size_t i = 0; vec && i < fs->n; i++) {
+		int fd = open(fs->path[i], O_RDONLY);
+		if (fd < 0)
+			continue;
+		void *m = mmap(NULL, fs->size[i], PROT_READ, MAP_SHARED, fd, 0);
+		close(fd);
+		if (m == MAP_FAILED)
+			continue;
+		uint64_t pages = (fs->size[i] + (uint64_t)page - 1) / (uint64_t)page;
+		for (uint64_t p = 0; p < pages; p += 1 << 20) {
+			uint64_t k = pages - p < (1 << 20) ? pages - p : (1 << 20);
+			if (mincore((char *)m + p * (uint64_t)page, k * (uint64_t)page, vec) == 0)
+				for (uint64_t j = 0; j < k; j++)
+					in += vec[j] & 1;
+			all += k;
+		}
+		munmap(m, fs->size[i]);
+	}
+	free(vec);
+	return all ? (double)in / (double)all : 0;
+}
+
+/* A plain single-threaded read of every file into one reused buffer. */
+static double plain_read(const struct files *fs)
+{
+	const size_t block = 8u << 20;
+	char *buf = malloc(block);
+	double t0 = cli_now();
+	for (size_t i = 0; buf && i < fs->n; i++) {
+		int fd = open(fs->path[i], O_RDONLY);
+		if (fd < 0)
+			continue;
+		while (read(fd, buf, block) > 0) {
+		}
+		close(fd);
+	}
+	double dt = cli_now() - t0;
+	free(buf);
+	return dt;
+}
+
+/* ---- parallel read limits */
+
+struct limit {
+	const struct files *fs;
+	char *dst;        /* total bytes, already faulted in */
+	uint64_t chunk;
+	bool direct;
+	int *fds;
+	atomic_uint_fast64_t next; /* global chunk counter over all files */
+	uint64_t *first_chunk;     /* per file: index of its first chunk */
+	uint64_t nchunks;
+	uint64_t *dst_off;         /* per file: where its bytes go */
+};
+
+static void *limit_worker(void *arg)
+{
+	struct limit *l = arg;
+	for (;;) {
+		uint64_t k = atomic_fetch_add(&l->next, 1);
+		if (k >= l->nchunks)
+			break;
+		size_t f = 0;
+		while (f + 1 < l->fs->n && l->first_chunk[f + 1] <= k)
+			f++;
+		uint64_t off = (k - l->first_chunk[f]) * l->chunk;
+		uint64_t n = l->fs->size[f] - off < l->chunk ? l->fs->size[f] - off : l->chunk;
+		if (l->direct)
+			n = (n + 4095) & ~4095ull;
+		if (pread(l->fds[f], l->dst + l->dst_off[f] + off, n, (off_t)off) < 0)
+			break;
+	}
+	return NULL;
+}
+
+static double parallel_read(const struct files *fs, char *dst, unsigned threads, bool direct)
+{
+	struct limit l = {.fs = fs, .dst = dst, .chunk = 16u << 20, .direct = direct};
+	l.fds = calloc(fs->n, sizeof *l.fds);
+	l.first_chunk = calloc(fs->n + 1, sizeof *l.first_chunk);
+	l.dst_off = calloc(fs->n + 1, sizeof *l.dst_off);
+	uint64_t off = 0;
+	for (size_t i = 0; i < fs->n; i++) {
+		l.fds[i] = open(fs->path[i], O_RDONLY | (direct ? O_DIRECT : 0));
+		if (l.fds[i] < 0 && direct)
+			l.fds[i] = open(fs->path[i], O_RDONLY);
+		l.first_chunk[i] = l.nchunks;
+		l.nchunks += (fs->size[i] + l.chunk - 1) / l.chunk;
+		l.dst_off[i] = off;
+		off += (fs->size[i] + l.chunk - 1) / l.chunk * l.chunk;
+	}
+	atomic_init(&l.next, 0);
+	pthread_t *t = calloc(threads, sizeof *t);
+	double t0 = cli_now();
+	for (unsigned i = 0; i < threads; i++)
+		pthread_create(&t[i], NULL, limit_worker, &l);
+	for (unsigned i = 0; i < threads; i++)
+		pthread_join(t[i], NULL);
+	double dt = cli_now() - t0;
+	for (size_t i = 0; i < fs->n; i++)
+		if (l.fds[i] >= 0)
+			close(l.fds[i]);
+	free(t);
+	free(l.fds);
+	free(l.first_chunk);
+	free(l.dst_off);
+	return dt;
+}
+
+/* ---- fst and the reference */
+
+static double fst_once(const char *path, const fst_load_opts *lo, char *why, size_t whylen,
+		       int *rc)
+{
+	double t0 = cli_now();
+	fst_checkpoint *ck;
+	fst_buffer *buf = NULL;
+	fst_error err;
+	*rc = fst_checkpoint_open(path, &ck, &err);
+	if (!*rc) {
+		*rc = fst_load(ck, lo, &buf, &err);
+		fst_checkpoint_close(ck);
+	}
+	double dt = cli_now() - t0;
+	if (*rc) {
+		cli_error("bench", "%s", err.message);
+		return 0;
+	}
+	snprintf(why, whylen, "%s", fst_buffer_describe(buf));
+	fst_buffer_release(buf);
+	return dt;
+}
+
+/* Runs the reference loader in python3; returns seconds, or 0 with a reason. */
+static double reference_once(const struct files *fs, const char *device, char *why,
+			     size_t whylen)
+{
+	char script[] =
+		"import sys, time\n"
+		"dev = sys.argv[1]\n"
+		"try:\n"
+		"    import torch\n"
+		"    from safetensors.torch import load_file\n"
+		"    kind = 'safetensors.torch.load_file'\n"
+		"except Exception:\n"
+		"    if dev != 'cpu':\n"
+		"        print('skip torch is needed for', dev); sys.exit(0)\n"
+		"    from safetensors.numpy import load_file\n"
+		"    kind = 'safetensors.numpy.load_file'\n"
+		"t = time.perf_counter()\n"
+		"n = 0\n"
+		"for f in sys.argv[2:]:\n"
+		"    d = load_file(f, device=dev) if kind.startswith('safetensors.torch') else load_file(f)\n"
+		"    n += len(d)\n"
+		"if dev.startswith('cuda'):\n"
+		"    torch.cuda.synchronize()\n"
+		"print('ok', time.perf_counter() - t, n, kind)\n";
+	char tmpl[] = "/tmp/fst-bench-ref-XXXXXX";
+	int fd = mkstemp(tmpl);
+	if (fd < 0 || write(fd, script, strlen(script)) < 0) {
+		snprintf(why, whylen, "cannot write a temporary script");
+		if (fd >= 0)
+			close(fd);
+		return 0;
+	}
+	close(fd);
+	size_t len = strlen(tmpl) + 64;
+	for (size_t i = 0; i < fs->n; i++)
+		len += strlen(fs->path[i]) + 3;
+	char *cmd = malloc(len);
+	snprintf(cmd, len, "python3 %s %s", tmpl, device);
+	for (size_t i = 0; i < fs->n; i++) {
+		strcat(cmd, " '");
+		strcat(cmd, fs->path[i]);
+		strcat(cmd, "'");
+	}
+	strcat(cmd, " 2>&1");
+	FILE *p = popen(cmd, "r");
+	char line[512] = "";
+	double secs = 0;
+	if (p) {
+		char buf[512];
+		while (fgets(buf, sizeof buf, p))
+			snprintf(line, sizeof line, "%s", buf);
+		pclose(p);
+	}
+	free(cmd);
+	unlink(tmpl);
+	char kind[128];
+	long n;
+	if (sscanf(line, "ok %lf %ld %127s", &secs, &n, kind) == 3) {
+		snprintf(why, whylen, "%s", kind);
+		return secs;
+	}
+	line[strcspn(line, "\n")] = '\0';
+	snprintf(why, whylen, "skipped: %s", line[0] ? line : "python3 failed");
+	return 0;
+}
+
+struct row {
+	const char *name;
+	double secs;
+	char note[200];
+};
+
+int cmd_bench(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		CLI_LOAD_OPTIONS,
+		{"runs", required_argument, NULL, 'r'},
+		{"no-cold", no_argument, NULL, 'C'},
+		{"no-reference", no_argument, NULL, 'R'},
+		{"json", no_argument, NULL, 'j'},
+		{"help", no_argument, NULL, 'h'},
+		{0, 0, 0, 0},
+	};
+	fst_load_opts lo;
+	fst_load_opts_init(&lo);
+	uint64_t runs = 3;
+	bool cold = true, reference = true, as_json = false;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		int r = cli_load_option("bench", c, optarg, &lo);
+		if (r == EXIT_USAGE)
+			return r;
+		if (r == EXIT_OK)
+			continue;
+		switch (c) {
+		case 'r':
+			if (!cli_parse_uint(optarg, 100, &runs) || !runs) {
+				cli_error("bench", "--runs \"%s\": expected 1 to 100", optarg);
+				return EXIT_USAGE;
+			}
+			break;
+		case 'C': cold = false; break;
+		case 'R': reference = false; break;
+		case 'j': as_json = true; break;
+		case 'h': help(stdout); return EXIT_OK;
+		default: help(stderr); return EXIT_USAGE;
+		}
+	}
+	if (optind != argc - 1) {
+		cli_error("bench", optind >= argc ? "no PATH given" : "one PATH expected");
+		help(stderr);
+		return EXIT_USAGE;
+	}
+	const char *path = argv[optind];
+	const char *device = lo.device ? lo.device : "cpu";
+	fst_checkpoint *ck;
+	fst_error err;
+	if (fst_checkpoint_open(path, &ck, &err)) {
+		cli_error("bench", "%s", err.message);
+		return cli_exit_code(err.code);
+	}
+	struct files fs = {0};
+	uint64_t tensor_bytes = fst_checkpoint_total_bytes(ck);
+	if (collect_files(ck, &fs)) {
+		fst_checkpoint_close(ck);
+		cli_error("bench", "out of memory");
+		return EXIT_NOMEM;
+	}
+	fst_checkpoint_close(ck);
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned threads = lo.threads ? lo.threads : (unsigned)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
+
+	/* The limit's destination: every file's bytes, faulted in before timing. */
+	uint64_t span = 0;
+	for (size_t i = 0; i < fs.n; i++)
+		span += (fs.size[i] + (16u << 20) - 1) / (16u << 20) * (16u << 20);
+	char *dst = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (dst == MAP_FAILED) {
+		cli_error("bench", "cannot allocate %" PRIu64 " bytes for the limit", span);
+		return EXIT_NOMEM;
+	}
+	madvise(dst, span, MADV_HUGEPAGE);
+	memset(dst, 1, span);
+
+	struct row rows[8];
+	int nrows = 0, rc = EXIT_OK;
+	double best;
+	char why[200];
+
+	/* warm: read everything once so the page cache holds it */
+	plain_read(&fs);
+	double warm_resident = resident(&fs);
+
+	best = 0;
+	for (uint64_t r = 0; r < runs; r++) {
+		double s = plain_read(&fs);
+		best = best == 0 || s < best ? s : best;
+	}
+	rows[nrows++] = (struct row){"plain sequential read (warm)", best, "1 thread, 8 MiB read()"};
+
+	best = 0;
+	for (uint64_t r = 0; r < runs; r++) {
+		double s = parallel_read(&fs, dst, threads, false);
+		best = best == 0 || s < best ? s : best;
+	}
+	struct row *pread_limit = &rows[nrows];
+	rows[nrows] = (struct row){"parallel pread limit (warm)", best, ""};
+	snprintf(rows[nrows++].note, sizeof rows[0].note,
+		 "%u threads, 16 MiB pread into faulted-in memory", threads);
+
+	best = 0;
+	for (uint64_t r = 0; r < runs && rc == EXIT_OK; r++) {
+		int lrc;
+		double s = fst_once(path, &lo, why, sizeof why, &lrc);
+		if (lrc)
+			rc = cli_exit_code(lrc);
+		best = best == 0 || s < best ? s : best;
+	}
+	struct row *fst_warm = &rows[nrows];
+	rows[nrows] = (struct row){"fst load (warm)", best, ""};
+	snprintf(rows[nrows++].note, sizeof rows[0].note, "%s", why);
+
+	struct row *ref_warm = NULL;
+	if (reference && rc == EXIT_OK) {
+		best = 0;
+		for (uint64_t r = 0; r < runs; r++) {
+			double s = reference_once(&fs, device, why, sizeof why);
+			if (s == 0)
+				break;
+			best = best == 0 || s < best ? s : best;
+		}
+		ref_warm = &rows[nrows];
+		rows[nrows] = (struct row){"reference safetensors (warm)", best, ""};
+		snprintf(rows[nrows++].note, sizeof rows[0].note, "%s", why);
+	}
+
+	struct row *odirect = NULL, *fst_cold = NULL;
+	double cold_resident = -1;
+	if (cold && rc == EXIT_OK) {
+		evict(&fs);
+		cold_resident = resident(&fs);
+		odirect = &rows[nrows];
+		rows[nrows] = (struct row){"O_DIRECT read limit (cold)",
+					   parallel_read(&fs, dst, threads, true), ""};
+		snprintf(rows[nrows++].note, sizeof rows[0].note,
+			 "%u threads, 16 MiB O_DIRECT pread", threads);
+		evict(&fs);
+		int lrc;
+		double s = fst_once(path, &lo, why, sizeof why, &lrc);
+		if (lrc)
+			rc = cli_exit_code(lrc);
+		fst_cold = &rows[nrows];
+		rows[nrows] = (struct row){"fst load (cold)", s, ""};
+		snprintf(rows[nrows++].note, sizeof rows[0].note, "%s", why);
+		if (reference) {
+			evict(&fs);
+			s = reference_once(&fs, device, why, sizeof why);
+			rows[nrows] = (struct row){"reference safetensors (cold)", s, ""};
+			snprintf(rows[nrows++].note, sizeof rows[0].note, "%s", why);
+		}
+	}
+	munmap(dst, span);
+
+	/* Limits move whole files; loaders move tensor bytes. Rates use each
+	 * one's own byte count. */
+	double gb_files = (double)fs.total / 1e9, gb_tensors = (double)tensor_bytes / 1e9;
+	json_t *out = json_object();
+	json_object_set_new(out, "path", json_string(path));
+	json_object_set_new(out, "device", json_string(device));
+	json_object_set_new(out, "file_bytes", json_integer((json_int_t)fs.total));
+	json_object_set_new(out, "tensor_bytes", json_integer((json_int_t)tensor_bytes));
+	json_object_set_new(out, "threads", json_integer(threads));
+	json_object_set_new(out, "runs", json_integer((json_int_t)runs));
+	json_object_set_new(out, "warm_resident", json_real(warm_resident));
+	json_object_set_new(out, "cold_resident", json_real(cold_resident));
+	json_t *arr = json_array();
+	if (!as_json) {
+		char hb[32];
+		printf("bench %s on %s: %zu files, %s; %u threads; best of %" PRIu64
+		       " warm runs\n",
+		       path, device, fs.n, cli_human_bytes(hb, sizeof hb, fs.total), threads, runs);
+		printf("page cache: %.0f%% resident warm, %.0f%% after eviction\n",
+		       warm_resident * 100, cold_resident < 0 ? 0 : cold_resident * 100);
+		printf("%-32s %9s %9s  %s\n", "measurement", "seconds", "GB/s", "notes");
+	}
+	for (int i = 0; i < nrows; i++) {
+		bool limit = strstr(rows[i].name, "limit") || strstr(rows[i].name, "plain");
+		double gbps = rows[i].secs > 0 ? (limit ? gb_files : gb_tensors) / rows[i].secs : 0;
+		json_array_append_new(arr, json_pack("{s:s, s:f, s:f, s:s}", "name", rows[i].name,
+						     "seconds", rows[i].secs, "gbps", gbps,
+						     "notes", rows[i].note));
+		if (!as_json)
+			printf("%-32s %9.3f %9.2f  %s\n", rows[i].name, rows[i].secs, gbps,
+			       rows[i].note);
+	}
+	json_object_set_new(out, "rows", arr);
+	json_t *ratios = json_object();
+#define RATE(row, gb) ((row) && (row)->secs > 0 ? (gb) / (row)->secs : 0)
+	double fw = RATE(fst_warm, gb_tensors), pl = RATE(pread_limit, gb_files);
+	double rw = RATE(ref_warm, gb_tensors);
+	double fc = RATE(fst_cold, gb_tensors), od = RATE(odirect, gb_files);
+	if (fw && pl)
+		json_object_set_new(ratios, "fst_warm_vs_pread_limit", json_real(fw / pl));
+	if (fw && rw)
+		json_object_set_new(ratios, "fst_warm_vs_reference", json_real(fw / rw));
+	if (fc && od)
+		json_object_set_new(ratios, "fst_cold_vs_odirect_limit", json_real(fc / od));
+	json_object_set_new(out, "ratios", ratios);
+	if (as_json) {
+		json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+		fputc('\n', stdout);
+	} else {
+		printf("ratios:");
+		const char *k;
+		json_t *v;
+		json_object_foreach(ratios, k, v)
+			printf(" %s=%.2f", k, json_real_value(v));
+		printf("\n");
+	}
+	json_decref(out);
+	for (size_t i = 0; i < fs.n; i++)
+		free(fs.path[i]);
+	free(fs.path);
+	free(fs.size);
+	return rc;
+}

@@ -1,0 +1,135 @@
+/* load.c - `fst load`: load a checkpoint, report what was done and how fast. */
+#include "cli.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <string.h>
+#include <unistd.h>
+
+static void help(FILE *out)
+{
+	fprintf(out,
+		"usage: fst load PATH [options]\n"
+		"\n"
+		"Loads every tensor of PATH (a .safetensors file, a directory or an index)\n"
+		"and prints tensors, bytes, seconds, GB/s and the path chosen and why.\n"
+		"\n" CLI_LOAD_OPTIONS_HELP
+		"  --json          print the summary as one JSON object\n"
+		"  --no-progress   no progress bar (it shows only on a terminal)\n"
+		"  -h, --help      this help\n"
+		"\n"
+		"Exit: 0 loaded, 1 usage, 2 invalid input, 4 I/O error, 5 out of memory,\n"
+		"6 GPU error, 7 unsupported, 8 a file changed during the load.\n");
+}
+
+struct bar {
+	double t0;
+	bool shown;
+};
+
+static void progress(void *ctx, uint64_t done, uint64_t total)
+{
+	struct bar *b = ctx;
+	double dt = cli_now() - b->t0;
+	double rate = dt > 0 ? (double)done / dt : 0;
+	double left = rate > 0 ? (double)(total - done) / rate : 0;
+	int width = 30, fill = total ? (int)((double)done / (double)total * width) : width;
+	char d[32], t[32];
+	fprintf(stderr, "\r[%.*s%*s] %s / %s  %.2f GB/s  %.1f s left ", fill,
+		"##############################", width - fill, "",
+		cli_human_bytes(d, sizeof d, done), cli_human_bytes(t, sizeof t, total), rate / 1e9,
+		left);
+	b->shown = true;
+}
+
+int cmd_load(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		CLI_LOAD_OPTIONS,
+		{"json", no_argument, NULL, 'j'},
+		{"no-progress", no_argument, NULL, 'P'},
+		{"help", no_argument, NULL, 'h'},
+		{0, 0, 0, 0},
+	};
+	fst_load_opts lo;
+	fst_load_opts_init(&lo);
+	bool as_json = false, show_progress = true;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		int r = cli_load_option("load", c, optarg, &lo);
+		if (r == EXIT_USAGE)
+			return r;
+		if (r == EXIT_OK)
+			continue;
+		switch (c) {
+		case 'j': as_json = true; break;
+		case 'P': show_progress = false; break;
+		case 'h': help(stdout); return EXIT_OK;
+		default: help(stderr); return EXIT_USAGE;
+		}
+	}
+	if (optind != argc - 1) {
+		cli_error("load", optind >= argc ? "no PATH given" : "one PATH expected");
+		help(stderr);
+		return EXIT_USAGE;
+	}
+	int rc = cli_check_fault_env("load");
+	if (rc)
+		return rc;
+	const char *path = argv[optind];
+	struct bar bar = {cli_now(), false};
+	if (show_progress && !as_json && isatty(2)) {
+		lo.progress = progress;
+		lo.progress_ctx = &bar;
+	}
+
+	double t0 = cli_now();
+	fst_checkpoint *ck;
+	fst_error err;
+	if (fst_checkpoint_open(path, &ck, &err)) {
+		cli_error("load", "%s", err.message);
+		return cli_exit_code(err.code);
+	}
+	double t1 = cli_now();
+	bar.t0 = t1;
+	fst_buffer *buf;
+	rc = fst_load(ck, &lo, &buf, &err);
+	double t2 = cli_now();
+	if (bar.shown)
+		fputc('\n', stderr);
+	if (rc) {
+		cli_error("load", "%s", err.message);
+		fst_checkpoint_close(ck);
+		return cli_exit_code(rc);
+	}
+	uint64_t bytes = fst_buffer_tensor_bytes(buf);
+	size_t tensors = fst_buffer_tensor_count(buf);
+	double secs = t2 - t0, gbps = secs > 0 ? (double)bytes / secs / 1e9 : 0;
+	if (as_json) {
+		json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:i, s:f, s:f, s:f, s:s, s:I}",
+				      "path", path, "device", lo.device ? lo.device : "cpu",
+				      "tensors", (json_int_t)tensors, "bytes", (json_int_t)bytes,
+				      "allocated", (json_int_t)fst_buffer_size(buf), "files",
+				      (int)fst_checkpoint_file_count(ck), "open_seconds", t1 - t0,
+				      "seconds", secs, "gbps", gbps, "path_chosen",
+				      fst_buffer_describe(buf), "peak_rss",
+				      (json_int_t)cli_peak_rss());
+		json_dumpf(o, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+		fputc('\n', stdout);
+		json_decref(o);
+	} else {
+		char hb[32], rss[32];
+		printf("loaded %s onto %s: %zu tensors from %zu file%s, %s in %.3f s (%.2f GB/s)\n",
+		       path, lo.device ? lo.device : "cpu", tensors, fst_checkpoint_file_count(ck),
+		       fst_checkpoint_file_count(ck) == 1 ? "" : "s",
+		       cli_human_bytes(hb, sizeof hb, bytes), secs, gbps);
+		printf("  path: %s\n", fst_buffer_describe(buf));
+		printf("  header parsing %.3f s; peak RSS %s\n", t1 - t0,
+		       cli_human_bytes(rss, sizeof rss, cli_peak_rss()));
+	}
+	fst_buffer_release(buf);
+	fst_checkpoint_close(ck);
+	return EXIT_OK;
+}
