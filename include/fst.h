@@ -443,6 +443,52 @@ FST_API const char *fst_buffer_describe(const fst_buffer *buf);
 /* Drop the view's reference (the view is cleared); NULL is fine (since 0.1). */
 FST_API void fst_view_release(fst_tensor_view *view);
 
+/*
+ * Describe what fst_load would do with these options, without loading: the
+ * reader, the target, threads, chunk size and the reasons, e.g. "pread, 16
+ * threads, 16 MiB chunks: auto: 100% of the data in the page cache". Fails
+ * as fst_load would for bad options or a missing device (since 0.1).
+ */
+FST_API int fst_load_explain(const fst_checkpoint *ckpt, const fst_load_opts *opts, char *buf,
+			     size_t size, fst_error *err);
+
+/*
+ * Copy len bytes of a loaded tensor, from byte offset, into host memory at
+ * dst: a memcpy for CPU buffers, a synchronous device-to-host copy for GPU
+ * buffers (since 0.1).
+ */
+FST_API int fst_copy_to_host(const fst_tensor_view *view, uint64_t offset, void *dst,
+			     uint64_t len, fst_error *err);
+
+/* ---------------------------------------------------------------- devices */
+
+typedef struct fst_cuda_device {
+	int index;
+	char name[256];
+	uint64_t total_memory;
+	uint64_t free_memory;
+	int integrated;      /* shares memory with the host (never GPUDirect) */
+	int gpu_direct_rdma; /* CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED */
+	int compute_major, compute_minor;
+	char pci_bus_id[32]; /* "0000:3b:00.0" */
+	int pcie_gen, pcie_width; /* current link from sysfs; 0 when unknown */
+} fst_cuda_device;
+
+/*
+ * Load the CUDA driver (libcuda.so.1, or FST_CUDA_LIBRARY) and report its
+ * version (e.g. 13000), the number of devices and the library's path. On a
+ * machine without a driver this fails with FST_EDEVICE and "no CUDA driver"
+ * (since 0.1).
+ */
+FST_API int fst_cuda_driver(int *driver_version, int *device_count, char *library,
+			    size_t library_size, fst_error *err);
+FST_API int fst_cuda_device_info(int index, fst_cuda_device *out, fst_error *err);
+/*
+ * Measure host-to-device copy bandwidth from pinned memory: bytes copied in
+ * 16 MiB pieces on one stream, best of three (since 0.1).
+ */
+FST_API int fst_cuda_h2d_bandwidth(int index, uint64_t bytes, double *gbps, fst_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,10 +9,12 @@
  * count them against their tensors. A tensor is ready exactly when its last
  * byte has been counted: readiness is decided here and nowhere else.
  */
+#include "cuda.h"
 #include "engine.h"
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,6 +159,8 @@ static void host_worker_fini(struct fsti_engine *e, void *state)
 
 static const struct fsti_sink host_sink = {
 	.name = "host",
+	.load_init = NULL, /* engine.c allocates host memory itself */
+	.load_fini = NULL,
 	.worker_init = host_worker_init,
 	.slot_buffer = host_slot_buffer,
 	.deliver = host_deliver,
@@ -446,6 +450,8 @@ static void engine_free(struct fsti_engine *e)
 				close(e->direct_fds[i]);
 		fsti_free(e->direct_fds);
 	}
+	if (e->sink && e->sink->load_fini)
+		e->sink->load_fini(e);
 	fst_buffer_release(e->buf);
 	fsti_plan_free(&e->plan);
 	fsti_free((void *)e->remaining);
@@ -498,36 +504,56 @@ static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 	}
 }
 
-int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_loader **out,
-		   fst_error *err)
+static void describe(struct fsti_engine *e)
 {
-	fsti_err_clear(err);
-	if (!ck || !out)
-		return fsti_err(err, FST_EUSAGE, "fst_load_start: checkpoint and out are required");
-	*out = NULL;
+	if (e->opts.io == FST_IO_MMAP) {
+		snprintf(e->describe, sizeof e->describe,
+			 "mmap: read-only views of the files, no copy (%s)", e->why);
+		return;
+	}
+	char chunk[32];
+	if (e->opts.chunk_bytes % (1u << 20))
+		snprintf(chunk, sizeof chunk, "%" PRIu64 " KiB", e->opts.chunk_bytes >> 10);
+	else
+		snprintf(chunk, sizeof chunk, "%" PRIu64 " MiB", e->opts.chunk_bytes >> 20);
+	snprintf(e->describe, sizeof e->describe, "%s%s, %u thread%s, %s chunks: %s",
+		 e->reader->name,
+		 e->sink == &fsti_sink_cuda ? " to pinned staging, async copies to the GPU" : "",
+		 e->nthreads, e->nthreads == 1 ? "" : "s", chunk, e->why);
+}
+
+/* Every decision of a load, and its plan, without taking any memory for
+ * tensors: shared by fst_load_start and fst_load_explain. */
+static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_opts *opts,
+				     int *rcp, fst_error *err)
+{
 	struct fsti_engine *e = fsti_calloc(1, sizeof *e);
-	if (!e)
-		return fsti_err(err, FST_ENOMEM, "out of memory for the loader");
+	if (!e) {
+		*rcp = fsti_err(err, FST_ENOMEM, "out of memory for the loader");
+		return NULL;
+	}
 	pthread_mutex_init(&e->lock, NULL);
 	pthread_cond_init(&e->cond, NULL);
 	e->ck = ck;
-	int device_type = FST_DEVICE_CPU, device_id = 0;
 	int rc = check_opts(opts, &e->opts, err);
 	if (!rc)
-		rc = parse_device(e->opts.device, &device_type, &device_id, err);
-	if (!rc && device_type != FST_DEVICE_CPU)
-		rc = fsti_err(err, FST_EUNSUPPORTED,
-			      "device %s: this build of libfst has no CUDA target yet",
-			      e->opts.device);
+		rc = parse_device(e->opts.device, &e->device_type, &e->device_id, err);
+	if (!rc && e->device_type == FST_DEVICE_CUDA) {
+		/* Fail early and clearly where there is no driver or no such
+		 * device, before any memory is taken. */
+		const struct fsti_cuda *cu = fsti_cuda_load(err);
+		rc = cu ? fsti_cuda_use_device(cu, e->device_id, err)
+			: (err ? err->code : FST_EDEVICE);
+	}
 	if (!rc)
-		rc = choose_io(e, device_type, err);
+		rc = choose_io(e, e->device_type, err);
 	if (!rc)
 		rc = check_files_unchanged(ck, "since it was opened", err);
 	/* pread into host memory needs nothing in between; everything else
 	 * lands in per-worker slots first. */
-	bool direct = device_type == FST_DEVICE_CPU && e->reader == &fsti_reader_pread;
+	bool direct = e->device_type == FST_DEVICE_CPU && e->reader == &fsti_reader_pread;
 	if (!rc && !direct && e->opts.io != FST_IO_MMAP) {
-		e->sink = &host_sink;
+		e->sink = e->device_type == FST_DEVICE_CUDA ? &fsti_sink_cuda : &host_sink;
 		/* landing slots of every thread fit the staging budget */
 		uint64_t per_slot = e->opts.staging_bytes / ((uint64_t)e->opts.threads * FSTI_SLOTS);
 		uint64_t chunk = FSTI_MIN(e->opts.chunk_bytes, per_slot);
@@ -539,12 +565,50 @@ int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_load
 		rc = fsti_plan_build(ck, e->opts.filter, e->opts.filter_ctx, e->opts.align,
 				     e->opts.chunk_bytes, direct || e->opts.io == FST_IO_MMAP,
 				     &e->plan, err);
+	/* no more threads than chunks */
+	e->nthreads = FSTI_MIN(e->opts.threads, (unsigned)FSTI_MIN(e->plan.nc, (size_t)UINT_MAX));
 	if (!rc)
-		rc = fsti_buffer_new(ck, &e->plan, &e->buf, err);
+		describe(e);
+	*rcp = rc;
+	if (rc) {
+		engine_free(e);
+		return NULL;
+	}
+	return e;
+}
+
+int fst_load_explain(const fst_checkpoint *ck, const fst_load_opts *opts, char *buf, size_t size,
+		     fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!ck || !buf || !size)
+		return fsti_err(err, FST_EUSAGE, "fst_load_explain: checkpoint and buf are required");
+	int rc;
+	struct fsti_engine *e = configure(ck, opts, &rc, err);
+	if (!e)
+		return rc;
+	snprintf(buf, size, "%s", e->describe);
+	engine_free(e);
+	return 0;
+}
+
+int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_loader **out,
+		   fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!ck || !out)
+		return fsti_err(err, FST_EUSAGE, "fst_load_start: checkpoint and out are required");
+	*out = NULL;
+	int rc;
+	struct fsti_engine *e = configure(ck, opts, &rc, err);
+	if (!e)
+		return rc;
+	rc = fsti_buffer_new(ck, &e->plan, &e->buf, err);
 	if (rc)
 		goto fail;
-	e->buf->device_type = device_type;
-	e->buf->device_id = device_id;
+	e->buf->device_type = e->device_type;
+	e->buf->device_id = e->device_id;
+	snprintf(e->buf->describe, sizeof e->buf->describe, "%s", e->describe);
 	e->ready = fsti_calloc(e->plan.nt + 1, sizeof *e->ready);
 	e->remaining = fsti_calloc(e->plan.nt + 1, sizeof *e->remaining);
 	size_t nf = fst_checkpoint_file_count(ck);
@@ -563,13 +627,14 @@ int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_load
 		for (size_t i = 0; i < e->plan.nt; i++)
 			push_ready_locked(e, i);
 		atomic_store(&e->bytes_done, e->plan.total_bytes);
-		snprintf(e->buf->describe, sizeof e->buf->describe,
-			 "mmap: read-only views of the files, no copy (%s)", e->why);
 		*out = (fst_loader *)e;
 		return 0;
 	}
 
-	rc = alloc_host(e, err);
+	if (e->sink && e->sink->load_init)
+		rc = e->sink->load_init(e, err);
+	else
+		rc = alloc_host(e, err);
 	if (rc)
 		goto fail;
 	for (size_t i = 0; i < e->plan.nt; i++) {
@@ -579,18 +644,6 @@ int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_load
 		if (!t->nbytes)
 			push_ready_locked(e, i);
 	}
-	/* no more threads than chunks */
-	e->nthreads = e->opts.threads;
-	if (e->nthreads > e->plan.nc)
-		e->nthreads = (unsigned)e->plan.nc;
-	char chunk[32];
-	if (e->opts.chunk_bytes % (1u << 20))
-		snprintf(chunk, sizeof chunk, "%" PRIu64 " KiB", e->opts.chunk_bytes >> 10);
-	else
-		snprintf(chunk, sizeof chunk, "%" PRIu64 " MiB", e->opts.chunk_bytes >> 20);
-	snprintf(e->buf->describe, sizeof e->buf->describe, "%s, %u thread%s, %s chunks: %s",
-		 e->reader->name, e->nthreads, e->nthreads == 1 ? "" : "s",
-		 chunk, e->why);
 	e->threads = fsti_calloc(e->nthreads + 1, sizeof *e->threads);
 	if (!e->threads) {
 		rc = fsti_err(err, FST_ENOMEM, "out of memory for the loader");

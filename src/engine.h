@@ -72,7 +72,7 @@ struct fsti_btensor {
 struct fst_buffer {
 	atomic_long refs;
 	int device_type, device_id;
-	void *base;     /* the one allocation (NULL for mmap buffers) */
+	void *base;     /* the one allocation: host or device address (NULL for mmap) */
 	uint64_t size;  /* its bytes */
 	/* how to give base back */
 	void (*release_memory)(struct fst_buffer *b);
@@ -133,6 +133,7 @@ struct fsti_reader {
 };
 
 extern const struct fsti_reader fsti_reader_pread;
+extern const struct fsti_sink fsti_sink_cuda;
 extern const struct fsti_reader fsti_reader_uring;
 
 /* pread until len bytes; a short file is FST_ECHANGED. */
@@ -147,6 +148,10 @@ double fsti_cached_fraction(const fst_checkpoint *ck);
 
 struct fsti_sink {
 	const char *name;
+	/* Load-wide set-up, on the calling thread (optional): allocates the
+	 * destination (e->buf->base, size, release_memory) and shared state. */
+	int (*load_init)(struct fsti_engine *e, fst_error *err);
+	void (*load_fini)(struct fsti_engine *e);
 	/* Per-worker state, with FSTI_SLOTS landing buffers of slot_bytes. */
 	int (*worker_init)(struct fsti_engine *e, void **state, fst_error *err);
 	/* Slot s's buffer, free to overwrite: waits for copies still reading
@@ -192,6 +197,8 @@ struct fsti_engine {
 	int *direct_fds;
 	bool direct_refused_logged;
 	char why[160];
+	char describe[256];
+	int device_type, device_id;
 };
 
 /* Called by sinks when chunk c's bytes are in their final place. */

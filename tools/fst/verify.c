@@ -28,13 +28,6 @@ static void help(FILE *out)
 		"offset are named), others as for fst load.\n");
 }
 
-/* Copies a loaded tensor's bytes to host memory (a no-op for the CPU). */
-static const void *host_bytes(const fst_tensor_view *v, void *scratch)
-{
-	(void)scratch;
-	return v->data;
-}
-
 int cmd_verify(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -85,7 +78,8 @@ int cmd_verify(int argc, char **argv)
 
 	const size_t block = 8u << 20;
 	char *want = malloc(block);
-	if (!want) {
+	unsigned char *got = malloc(block);
+	if (!want || !got) {
 		cli_error("verify", "out of memory");
 		rc = EXIT_NOMEM;
 		goto out;
@@ -119,7 +113,6 @@ int cmd_verify(int argc, char **argv)
 					  fst_dtype_name(info.dtype));
 				rc = EXIT_MISMATCH;
 			}
-			const unsigned char *got = host_bytes(&v, NULL);
 			for (uint64_t off = 0; off < info.nbytes && rc == EXIT_OK;) {
 				size_t n = (size_t)(info.nbytes - off < block ? info.nbytes - off
 									      : block);
@@ -131,16 +124,22 @@ int cmd_verify(int argc, char **argv)
 					rc = EXIT_IO;
 					break;
 				}
-				if (memcmp(got + off, want, n)) {
+				/* the loaded bytes, fetched from wherever they are */
+				if (fst_copy_to_host(&v, off, got, n, &err)) {
+					cli_error("verify", "%s", err.message);
+					rc = cli_exit_code(err.code);
+					break;
+				}
+				if (memcmp(got, want, n)) {
 					size_t k = 0;
-					while (got[off + k] == (unsigned char)want[k])
+					while (got[k] == (unsigned char)want[k])
 						k++;
 					cli_error("verify",
 						  "%s: tensor \"%s\" differs at byte %" PRIu64
 						  " of the tensor (file offset %" PRIu64
 						  "): loaded 0x%02x, file 0x%02x",
 						  fst_file_path(f), info.name, off + k,
-						  info.file_offset + off + k, got[off + k],
+						  info.file_offset + off + k, got[k],
 						  (unsigned char)want[k]);
 					rc = EXIT_MISMATCH;
 					break;
@@ -162,6 +161,7 @@ int cmd_verify(int argc, char **argv)
 	}
 out:
 	free(want);
+	free(got);
 	fst_buffer_release(buf);
 	fst_checkpoint_close(ck);
 	return rc;

@@ -1,0 +1,171 @@
+/*
+ * cuda.c - the CUDA driver, opened with dlopen on first GPU use.
+ *
+ * libcuda.so.1 is the driver's versioned soname; the toolkit's stub
+ * (lib64/stubs/libcuda.so) has another name and is never opened. Symbols are
+ * resolved by their real, versioned names (cuMemAlloc_v2, ...), as cuda.h's
+ * macros would name them. The primary context of each device is used, so
+ * memory and streams are shared with PyTorch in the same process.
+ */
+#include "cuda.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MIN_DRIVER_VERSION 11000 /* CUDA 11.0 */
+#define MAX_DEVICES 64
+
+static struct fsti_cuda table;
+static fst_error load_error;
+static int load_status = 1; /* 1: not tried */
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext contexts[MAX_DEVICES];
+
+const char *fsti_cuda_error(const struct fsti_cuda *cu, CUresult r, char *buf, size_t size)
+{
+	const char *name = NULL, *text = NULL;
+	if (cu && cu->cuGetErrorName)
+		cu->cuGetErrorName(r, &name);
+	if (cu && cu->cuGetErrorString)
+		cu->cuGetErrorString(r, &text);
+	snprintf(buf, size, "%s (%s)", name ? name : "CUDA error", text ? text : "no description");
+	if (!name)
+		snprintf(buf, size, "CUDA error %d", r);
+	return buf;
+}
+
+int fsti_cuda_fail(const struct fsti_cuda *cu, CUresult r, fst_error *err, const char *fmt, ...)
+{
+	char what[512], why[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof what, fmt, ap);
+	va_end(ap);
+	/* Out of device memory is a GPU error (exit 6), not host memory. */
+	return fsti_err_backend(err, FST_EDEVICE, r, "%s: %s", what,
+				fsti_cuda_error(cu, r, why, sizeof why));
+}
+
+static void load(void)
+{
+	const char *path = getenv("FST_CUDA_LIBRARY");
+	if (!path || !*path)
+		path = "libcuda.so.1";
+	snprintf(table.path, sizeof table.path, "%s", path);
+	table.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!table.lib) {
+		const char *why = dlerror();
+		load_status = fsti_err(&load_error, FST_EDEVICE,
+				       "no CUDA driver: cannot load %s (%s)", path,
+				       why ? why : "not found");
+		return;
+	}
+#define SYM(name)                                                                          \
+	do {                                                                               \
+		*(void **)(&table.name) = dlsym(table.lib, #name);                         \
+		if (!table.name) {                                                         \
+			load_status = fsti_err(&load_error, FST_EDEVICE,                   \
+					       "CUDA driver %s lacks %s: too old or not a " \
+					       "driver",                                   \
+					       path, #name);                               \
+			return;                                                    \
+		}                                                                          \
+	} while (0)
+	SYM(cuInit);
+	SYM(cuDriverGetVersion);
+	SYM(cuGetErrorName);
+	SYM(cuGetErrorString);
+	SYM(cuDeviceGetCount);
+	SYM(cuDeviceGet);
+	SYM(cuDeviceGetName);
+	SYM(cuDeviceTotalMem_v2);
+	SYM(cuDeviceGetAttribute);
+	SYM(cuDevicePrimaryCtxRetain);
+	SYM(cuCtxSetCurrent);
+	SYM(cuCtxGetCurrent);
+	SYM(cuMemAlloc_v2);
+	SYM(cuMemFree_v2);
+	SYM(cuMemGetInfo_v2);
+	SYM(cuMemHostAlloc);
+	SYM(cuMemFreeHost);
+	SYM(cuMemcpyHtoDAsync_v2);
+	SYM(cuMemcpyDtoH_v2);
+	SYM(cuStreamCreate);
+	SYM(cuStreamDestroy_v2);
+	SYM(cuStreamSynchronize);
+	SYM(cuEventCreate);
+	SYM(cuEventRecord);
+	SYM(cuEventQuery);
+	SYM(cuEventSynchronize);
+	SYM(cuEventDestroy_v2);
+#undef SYM
+	CUresult r = table.cuInit(0);
+	if (r == FSTI_CUDA_ERROR_STUB_LIBRARY) {
+		load_status = fsti_err_backend(&load_error, FST_EDEVICE, r,
+					       "no CUDA driver: %s is the toolkit's stub library",
+					       path);
+		return;
+	}
+	if (r != FSTI_CUDA_SUCCESS) {
+		load_status = fsti_cuda_fail(&table, r, &load_error,
+					     "no usable CUDA driver: cuInit failed");
+		return;
+	}
+	table.cuDriverGetVersion(&table.driver_version);
+	if (table.driver_version < MIN_DRIVER_VERSION) {
+		load_status = fsti_err(&load_error, FST_EDEVICE,
+				       "CUDA driver version %d.%d is older than the 11.0 libfst needs",
+				       table.driver_version / 1000, table.driver_version % 1000 / 10);
+		return;
+	}
+	load_status = 0;
+}
+
+const struct fsti_cuda *fsti_cuda_load(fst_error *err)
+{
+	pthread_once(&load_once, load);
+	if (load_status) {
+		if (err)
+			*err = load_error;
+		return NULL;
+	}
+	return &table;
+}
+
+int fsti_cuda_use_device(const struct fsti_cuda *cu, int device, fst_error *err)
+{
+	int n = 0;
+	CUresult r = cu->cuDeviceGetCount(&n);
+	if (r)
+		return fsti_cuda_fail(cu, r, err, "cuDeviceGetCount");
+	if (device < 0 || device >= n)
+		return fsti_err(err, FST_EUSAGE, "device %d out of range (%d device%s)", device, n,
+				n == 1 ? "" : "s");
+	if (device >= MAX_DEVICES)
+		return fsti_err(err, FST_EUNSUPPORTED, "device %d: at most %d devices", device,
+				MAX_DEVICES);
+	pthread_mutex_lock(&ctx_lock);
+	CUcontext ctx = contexts[device];
+	if (!ctx) {
+		CUdevice d;
+		r = cu->cuDeviceGet(&d, device);
+		if (!r)
+			r = cu->cuDevicePrimaryCtxRetain(&ctx, d);
+		if (!r)
+			contexts[device] = ctx;
+	}
+	pthread_mutex_unlock(&ctx_lock);
+	if (r)
+		return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot retain the primary context",
+				      device);
+	r = cu->cuCtxSetCurrent(ctx);
+	if (r)
+		return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot make the context current",
+				      device);
+	return 0;
+}

@@ -1,0 +1,84 @@
+/*
+ * cuda.h - the CUDA driver API as libfst uses it: our own declarations of
+ * the few types and constants we need (checked against the real cuda.h by
+ * tests/unit/test_cuda_decls.c), and a table of functions resolved from
+ * libcuda.so.1 with dlopen on first use. No link-time GPU dependency.
+ */
+#ifndef FST_CUDA_H
+#define FST_CUDA_H
+
+#include "internal.h"
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef unsigned long long CUdeviceptr;
+
+#define FSTI_CUDA_SUCCESS 0
+#define FSTI_CUDA_ERROR_OUT_OF_MEMORY 2
+#define FSTI_CUDA_ERROR_STUB_LIBRARY 34
+#define FSTI_CUDA_ERROR_NOT_READY 600
+#define FSTI_CU_DEVICE_ATTRIBUTE_INTEGRATED 18
+#define FSTI_CU_DEVICE_ATTRIBUTE_PCI_BUS_ID 33
+#define FSTI_CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID 34
+#define FSTI_CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID 50
+#define FSTI_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define FSTI_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define FSTI_CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED 116
+#define FSTI_CU_STREAM_NON_BLOCKING 0x1
+#define FSTI_CU_EVENT_DISABLE_TIMING 0x2
+#define FSTI_CU_MEMHOSTALLOC_PORTABLE 0x1
+
+/* The driver functions, by their real (versioned) symbol names. */
+struct fsti_cuda {
+	void *lib;
+	char path[256];
+	int driver_version;
+	CUresult (*cuInit)(unsigned flags);
+	CUresult (*cuDriverGetVersion)(int *version);
+	CUresult (*cuGetErrorName)(CUresult e, const char **s);
+	CUresult (*cuGetErrorString)(CUresult e, const char **s);
+	CUresult (*cuDeviceGetCount)(int *n);
+	CUresult (*cuDeviceGet)(CUdevice *d, int ordinal);
+	CUresult (*cuDeviceGetName)(char *name, int len, CUdevice d);
+	CUresult (*cuDeviceTotalMem_v2)(size_t *bytes, CUdevice d);
+	CUresult (*cuDeviceGetAttribute)(int *v, int attr, CUdevice d);
+	CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice d);
+	CUresult (*cuCtxSetCurrent)(CUcontext ctx);
+	CUresult (*cuCtxGetCurrent)(CUcontext *ctx);
+	CUresult (*cuMemAlloc_v2)(CUdeviceptr *p, size_t bytes);
+	CUresult (*cuMemFree_v2)(CUdeviceptr p);
+	CUresult (*cuMemGetInfo_v2)(size_t *free_bytes, size_t *total);
+	CUresult (*cuMemHostAlloc)(void **p, size_t bytes, unsigned flags);
+	CUresult (*cuMemFreeHost)(void *p);
+	CUresult (*cuMemcpyHtoDAsync_v2)(CUdeviceptr dst, const void *src, size_t bytes,
+					 CUstream s);
+	CUresult (*cuMemcpyDtoH_v2)(void *dst, CUdeviceptr src, size_t bytes);
+	CUresult (*cuStreamCreate)(CUstream *s, unsigned flags);
+	CUresult (*cuStreamDestroy_v2)(CUstream s);
+	CUresult (*cuStreamSynchronize)(CUstream s);
+	CUresult (*cuEventCreate)(CUevent *e, unsigned flags);
+	CUresult (*cuEventRecord)(CUevent e, CUstream s);
+	CUresult (*cuEventQuery)(CUevent e);
+	CUresult (*cuEventSynchronize)(CUevent e);
+	CUresult (*cuEventDestroy_v2)(CUevent e);
+};
+
+/* Load the driver once per process (FST_CUDA_LIBRARY names another library,
+ * for tests) and cuInit it. NULL with err filled when there is none. */
+const struct fsti_cuda *fsti_cuda_load(fst_error *err);
+
+/* Make device's primary context current on this thread (retained once per
+ * process and device, shared with PyTorch and any other user). */
+int fsti_cuda_use_device(const struct fsti_cuda *cu, int device, fst_error *err);
+
+/* "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for messages. */
+const char *fsti_cuda_error(const struct fsti_cuda *cu, CUresult r, char *buf, size_t size);
+
+/* Fill err with a message "what: CUDA_ERROR_X (text)" and FST_EDEVICE. */
+int fsti_cuda_fail(const struct fsti_cuda *cu, CUresult r, fst_error *err, const char *fmt, ...)
+	FSTI_PRINTF(4, 5);
+
+#endif

@@ -1,0 +1,301 @@
+/*
+ * cuda_sink.c - chunks to GPU memory through pinned landing slots.
+ *
+ * Each worker owns a non-blocking stream, FSTI_SLOTS slices of one pinned
+ * staging block and one event per slot. A chunk read into a slot is copied
+ * to its tensors with cuMemcpyHtoDAsync, piece by piece, and the slot's
+ * event is recorded after the last piece. Two rules keep bytes sacred:
+ *  - a slot is overwritten only after its event has completed (its copies
+ *    have finished reading it);
+ *  - a chunk is reported done (and so may complete a tensor) only after its
+ *    event has completed: readiness never runs ahead of the copy engine.
+ * There is no device-wide synchronisation and no kernel: bytes are never
+ * moved once they are on the device.
+ */
+#include "cuda.h"
+#include "engine.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+struct cuda_load {
+	const struct fsti_cuda *cu;
+	int device;
+	char *pinned;
+	uint64_t pinned_len;
+	atomic_uint next_worker;
+};
+
+struct cuda_worker {
+	struct cuda_load *load;
+	CUstream stream;
+	CUevent ev[FSTI_SLOTS];
+	bool ev_made[FSTI_SLOTS];
+	const struct fsti_chunk *pending[FSTI_SLOTS];
+	char *slot[FSTI_SLOTS];
+};
+
+static void release_device(struct fst_buffer *b)
+{
+	const struct fsti_cuda *cu = b->device_ctx;
+	if (b->allocator.free) {
+		b->allocator.free(b->allocator.ctx, b->base, b->size, b->device_type,
+				  b->device_id);
+		return;
+	}
+	if (!cu || !b->base)
+		return;
+	/* The last reference may be dropped on any thread: make the device's
+	 * context current here before freeing. */
+	fst_error err;
+	if (fsti_cuda_use_device(cu, b->device_id, &err) == 0)
+		cu->cuMemFree_v2((CUdeviceptr)(uintptr_t)b->base);
+	else
+		fsti_log(FST_LOG_ERROR, "leaking %" PRIu64 " bytes of cuda:%d memory: %s",
+			 b->size, b->device_id, err.message);
+}
+
+static int cuda_load_init(struct fsti_engine *e, fst_error *err)
+{
+	const struct fsti_cuda *cu = fsti_cuda_load(err);
+	if (!cu)
+		return err ? err->code : FST_EDEVICE;
+	struct fst_buffer *b = e->buf;
+	int rc = fsti_cuda_use_device(cu, b->device_id, err);
+	if (rc)
+		return rc;
+	struct cuda_load *l = fsti_calloc(1, sizeof *l);
+	if (!l)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	e->sink_ctx = l;
+	l->cu = cu;
+	l->device = b->device_id;
+	atomic_init(&l->next_worker, 0);
+
+	/* Destination: one device allocation, or the caller's allocator. */
+	uint64_t size = e->plan.dst_size ? e->plan.dst_size : 1;
+	const fst_allocator *a = e->opts.allocator;
+	b->device_ctx = (void *)cu;
+	if (a && a->alloc) {
+		if (!a->free)
+			return fsti_err(err, FST_EUSAGE, "allocator: alloc given without free");
+		void *p = a->alloc(a->ctx, size, e->opts.align, FST_DEVICE_CUDA, b->device_id);
+		if (!p)
+			return fsti_err(err, FST_EDEVICE,
+					"allocator: could not allocate %" PRIu64 " bytes on cuda:%d",
+					size, b->device_id);
+		b->allocator = *a;
+		b->base = p;
+		b->size = size;
+		b->release_memory = release_device;
+		if ((uintptr_t)p % e->opts.align)
+			return fsti_err(err, FST_EUSAGE,
+					"allocator: returned %p, not aligned to %u bytes", p,
+					e->opts.align);
+	} else {
+		CUdeviceptr p = 0;
+		CUresult r = fsti_fault("device_alloc") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY
+							: cu->cuMemAlloc_v2(&p, size);
+		if (r)
+			return fsti_cuda_fail(cu, r, err,
+					      "cuda:%d: cannot allocate %" PRIu64 " bytes for %zu "
+					      "tensors",
+					      b->device_id, size, e->plan.nt);
+		b->base = (void *)(uintptr_t)p;
+		b->size = size;
+		b->release_memory = release_device;
+		/* cuMemAlloc aligns to at least 256 bytes; a larger align needs
+		 * the caller's allocator. */
+		if (p % e->opts.align)
+			return fsti_err(err, FST_EUNSUPPORTED,
+					"cuda:%d: cuMemAlloc returned memory aligned to less than "
+					"%u bytes; pass an allocator for larger alignments",
+					b->device_id, e->opts.align);
+	}
+
+	/* One pinned block for every worker's slots. */
+	l->pinned_len = (uint64_t)e->nthreads * FSTI_SLOTS * e->slot_bytes;
+	if (l->pinned_len) {
+		CUresult r = fsti_fault("pin") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY
+					       : cu->cuMemHostAlloc((void **)&l->pinned,
+								    (size_t)l->pinned_len,
+								    FSTI_CU_MEMHOSTALLOC_PORTABLE);
+		if (r) {
+			l->pinned = NULL;
+			return fsti_cuda_fail(cu, r, err,
+					      "cannot allocate %" PRIu64 " bytes of pinned staging "
+					      "memory (--staging sets the budget)",
+					      l->pinned_len);
+		}
+	}
+	return 0;
+}
+
+static void cuda_load_fini(struct fsti_engine *e)
+{
+	struct cuda_load *l = e->sink_ctx;
+	if (!l)
+		return;
+	if (l->pinned)
+		l->cu->cuMemFreeHost(l->pinned);
+	fsti_free(l);
+	e->sink_ctx = NULL;
+}
+
+static int cuda_worker_init(struct fsti_engine *e, void **state, fst_error *err)
+{
+	struct cuda_load *l = e->sink_ctx;
+	const struct fsti_cuda *cu = l->cu;
+	struct cuda_worker *w = fsti_calloc(1, sizeof *w);
+	if (!w)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	*state = w;
+	w->load = l;
+	int rc = fsti_cuda_use_device(cu, l->device, err);
+	if (rc)
+		return rc;
+	CUresult r = cu->cuStreamCreate(&w->stream, FSTI_CU_STREAM_NON_BLOCKING);
+	if (r) {
+		w->stream = NULL;
+		return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot create a stream", l->device);
+	}
+	unsigned me = atomic_fetch_add(&l->next_worker, 1);
+	for (int s = 0; s < FSTI_SLOTS; s++) {
+		r = cu->cuEventCreate(&w->ev[s], FSTI_CU_EVENT_DISABLE_TIMING);
+		if (r)
+			return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot create an event",
+					      l->device);
+		w->ev_made[s] = true;
+		w->slot[s] = l->pinned + ((uint64_t)me * FSTI_SLOTS + (unsigned)s) * e->slot_bytes;
+	}
+	return 0;
+}
+
+/* Wait for slot s's copies; then its chunk is on the device. */
+static int finish_slot(struct fsti_engine *e, struct cuda_worker *w, int s, fst_error *err)
+{
+	const struct fsti_cuda *cu = w->load->cu;
+	if (!w->pending[s])
+		return 0;
+	CUresult r = fsti_fault("event") ? 999 : cu->cuEventSynchronize(w->ev[s]);
+	const struct fsti_chunk *c = w->pending[s];
+	w->pending[s] = NULL;
+	if (r)
+		return fsti_cuda_fail(cu, r, err,
+				      "%s: copy of %" PRIu64 " bytes at offset %" PRIu64
+				      " to cuda:%d failed",
+				      fsti_engine_path(e, c->file), c->len, c->file_off,
+				      w->load->device);
+	fsti_chunk_done(e, c);
+	return 0;
+}
+
+static int cuda_slot_buffer(struct fsti_engine *e, void *state, int s, char **buf,
+			    fst_error *err)
+{
+	struct cuda_worker *w = state;
+	int rc = finish_slot(e, w, s, err);
+	/* Report other slots whose copies are already over, so their tensors
+	 * become ready without waiting for this worker's next turn. */
+	for (int k = 0; !rc && k < FSTI_SLOTS; k++)
+		if (k != s && w->pending[k] &&
+		    w->load->cu->cuEventQuery(w->ev[k]) == FSTI_CUDA_SUCCESS)
+			rc = finish_slot(e, w, k, err);
+	*buf = w->slot[s];
+	return rc;
+}
+
+struct h2d {
+	const struct fsti_cuda *cu;
+	CUdeviceptr base;
+	const char *src;
+	CUstream stream;
+	CUresult r;
+};
+
+static int h2d_piece(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len)
+{
+	struct h2d *h = ctx;
+	h->r = fsti_fault("h2d") ? 1
+				 : h->cu->cuMemcpyHtoDAsync_v2(h->base + dst_off, h->src + at,
+							       (size_t)len, h->stream);
+	return h->r ? -1 : 0;
+}
+
+static int cuda_deliver(struct fsti_engine *e, void *state, int s, const struct fsti_chunk *c,
+			const char *where, fst_error *err)
+{
+	struct cuda_worker *w = state;
+	const struct fsti_cuda *cu = w->load->cu;
+	struct h2d h = {cu, (CUdeviceptr)(uintptr_t)e->buf->base, where, w->stream, 0};
+	fsti_chunk_pieces(&e->plan, c, h2d_piece, &h);
+	/* Record the event even after a failed copy, so waiting on the slot
+	 * covers whatever was queued before the failure. */
+	CUresult r = fsti_fault("event") ? 999 : cu->cuEventRecord(w->ev[s], w->stream);
+	if (!r)
+		w->pending[s] = c;
+	if (h.r)
+		return fsti_cuda_fail(cu, h.r, err,
+				      "%s: cannot queue the copy of %" PRIu64 " bytes at offset "
+				      "%" PRIu64 " to cuda:%d",
+				      fsti_engine_path(e, c->file), c->len, c->file_off,
+				      w->load->device);
+	if (r) {
+		/* Without an event the slot's copies cannot be waited for one by
+		 * one: wait for the whole stream instead. */
+		cu->cuStreamSynchronize(w->stream);
+		return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot record an event",
+				      w->load->device);
+	}
+	return 0;
+}
+
+static int cuda_drain(struct fsti_engine *e, void *state, fst_error *err)
+{
+	struct cuda_worker *w = state;
+	int rc = 0;
+	if (!w)
+		return 0;
+	for (int s = 0; s < FSTI_SLOTS; s++) {
+		fst_error e2;
+		int r = finish_slot(e, w, s, &e2);
+		if (r && !rc) {
+			rc = r;
+			if (err)
+				*err = e2;
+		}
+	}
+	/* Belt and braces: nothing of this worker may still be in flight when
+	 * the staging memory is freed. */
+	if (w->stream)
+		w->load->cu->cuStreamSynchronize(w->stream);
+	return rc;
+}
+
+static void cuda_worker_fini(struct fsti_engine *e, void *state)
+{
+	(void)e;
+	struct cuda_worker *w = state;
+	if (!w)
+		return;
+	const struct fsti_cuda *cu = w->load->cu;
+	if (w->stream)
+		cu->cuStreamSynchronize(w->stream);
+	for (int s = 0; s < FSTI_SLOTS; s++)
+		if (w->ev_made[s])
+			cu->cuEventDestroy_v2(w->ev[s]);
+	if (w->stream)
+		cu->cuStreamDestroy_v2(w->stream);
+	fsti_free(w);
+}
+
+const struct fsti_sink fsti_sink_cuda = {
+	.name = "cuda",
+	.load_init = cuda_load_init,
+	.load_fini = cuda_load_fini,
+	.worker_init = cuda_worker_init,
+	.slot_buffer = cuda_slot_buffer,
+	.deliver = cuda_deliver,
+	.drain = cuda_drain,
+	.worker_fini = cuda_worker_fini,
+};

@@ -1,0 +1,424 @@
+/*
+ * cuda_double.c - a stand-in for libcuda.so.1 so the CUDA path runs, with
+ * its ordering rules, on machines without a GPU. Selected with
+ * FST_CUDA_LIBRARY=path/to/libfst_cuda_double.so; never used otherwise.
+ *
+ * "Device" memory is host memory. Asynchronous copies are done late, by one
+ * thread per stream that sleeps a little before each operation, and the
+ * destination is poisoned (0xDB) when a copy is queued, so any read made
+ * before the copy's completion has been waited for sees poison, and any
+ * staging buffer reused too early corrupts what lands. Device-to-host
+ * copies are immediate and wait for nothing, like copies beside
+ * non-blocking streams on a real GPU.
+ *
+ * Environment: FST_DOUBLE_DEVICES (default 2), FST_DOUBLE_MEM (bytes per
+ * device, default 16 GiB), FST_DOUBLE_DELAY_US (max delay per operation,
+ * default 200), FST_DOUBLE_RDMA (GPU_DIRECT_RDMA_SUPPORTED, default 1),
+ * FST_DOUBLE_INTEGRATED (default 0).
+ */
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define API __attribute__((visibility("default")))
+#define POISON 0xDB
+#define MAX_ALLOCS 4096
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+enum { OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, INVALID_DEVICE = 101,
+       INVALID_HANDLE = 400, NOT_READY = 600, ILLEGAL_ADDRESS = 700 };
+
+struct alloc {
+	char *p;
+	size_t n;
+	int device;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct alloc allocs[MAX_ALLOCS];
+static size_t used[64];
+static atomic_long live_device, live_host;
+static int initialized;
+static __thread int current = -1;
+
+static long env_long(const char *name, long dflt)
+{
+	const char *v = getenv(name);
+	return v && *v ? atol(v) : dflt;
+}
+
+static int ndevices(void) { return (int)env_long("FST_DOUBLE_DEVICES", 2); }
+
+/* ---- streams: a queue run late by a thread */
+
+enum { OP_COPY, OP_MARK };
+struct op {
+	int kind;
+	char *dst;
+	const char *src;
+	size_t n;
+	uint64_t seq;
+	struct op *next;
+};
+
+struct stream {
+	pthread_t thread;
+	pthread_mutex_t m;
+	pthread_cond_t cv;
+	struct op *head, *tail;
+	uint64_t queued, done;
+	int quit;
+	unsigned seed;
+};
+
+struct event {
+	struct stream *s;
+	uint64_t seq;
+	int recorded;
+};
+
+static void *stream_main(void *arg)
+{
+	struct stream *s = arg;
+	long delay = env_long("FST_DOUBLE_DELAY_US", 200);
+	pthread_mutex_lock(&s->m);
+	for (;;) {
+		while (!s->head && !s->quit)
+			pthread_cond_wait(&s->cv, &s->m);
+		if (!s->head && s->quit)
+			break;
+		struct op *o = s->head;
+		pthread_mutex_unlock(&s->m);
+		if (delay > 0)
+			usleep((useconds_t)(rand_r(&s->seed) % (delay + 1)));
+		if (o->kind == OP_COPY)
+			memcpy(o->dst, o->src, o->n);
+		pthread_mutex_lock(&s->m);
+		s->head = o->next;
+		if (!s->head)
+			s->tail = NULL;
+		s->done = o->seq;
+		free(o);
+		pthread_cond_broadcast(&s->cv);
+	}
+	pthread_mutex_unlock(&s->m);
+	return NULL;
+}
+
+static uint64_t enqueue(struct stream *s, int kind, char *dst, const char *src, size_t n)
+{
+	struct op *o = calloc(1, sizeof *o);
+	o->kind = kind;
+	o->dst = dst;
+	o->src = src;
+	o->n = n;
+	pthread_mutex_lock(&s->m);
+	o->seq = ++s->queued;
+	if (s->tail)
+		s->tail->next = o;
+	else
+		s->head = o;
+	s->tail = o;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->m);
+	return o->seq;
+}
+
+static void wait_seq(struct stream *s, uint64_t seq)
+{
+	pthread_mutex_lock(&s->m);
+	while (s->done < seq)
+		pthread_cond_wait(&s->cv, &s->m);
+	pthread_mutex_unlock(&s->m);
+}
+
+/* ---- the driver API */
+
+API CUresult cuInit(unsigned flags)
+{
+	(void)flags;
+	initialized = 1;
+	return OK;
+}
+
+API CUresult cuDriverGetVersion(int *v)
+{
+	*v = 13000;
+	return OK;
+}
+
+API CUresult cuGetErrorName(CUresult e, const char **s)
+{
+	static const char *names[] = {[OK] = "CUDA_SUCCESS", [INVALID_VALUE] = "CUDA_ERROR_INVALID_VALUE",
+				      [OUT_OF_MEMORY] = "CUDA_ERROR_OUT_OF_MEMORY",
+				      [NOT_INITIALIZED] = "CUDA_ERROR_NOT_INITIALIZED"};
+	*s = e >= 0 && e <= 3 ? names[e] : e == NOT_READY ? "CUDA_ERROR_NOT_READY"
+		: e == INVALID_DEVICE ? "CUDA_ERROR_INVALID_DEVICE"
+		: e == ILLEGAL_ADDRESS ? "CUDA_ERROR_ILLEGAL_ADDRESS" : "CUDA_ERROR_UNKNOWN";
+	return OK;
+}
+
+API CUresult cuGetErrorString(CUresult e, const char **s)
+{
+	*s = e == OUT_OF_MEMORY ? "out of memory" : e == ILLEGAL_ADDRESS ? "an illegal memory access"
+		: "test double error";
+	return OK;
+}
+
+API CUresult cuDeviceGetCount(int *n)
+{
+	if (!initialized)
+		return NOT_INITIALIZED;
+	*n = ndevices();
+	return OK;
+}
+
+API CUresult cuDeviceGet(int *d, int ordinal)
+{
+	if (ordinal < 0 || ordinal >= ndevices())
+		return INVALID_DEVICE;
+	*d = ordinal;
+	return OK;
+}
+
+API CUresult cuDeviceGetName(char *name, int len, int d)
+{
+	snprintf(name, (size_t)len, "fst test double %d", d);
+	return OK;
+}
+
+API CUresult cuDeviceTotalMem_v2(size_t *bytes, int d)
+{
+	(void)d;
+	*bytes = (size_t)env_long("FST_DOUBLE_MEM", 16l << 30);
+	return OK;
+}
+
+API CUresult cuDeviceGetAttribute(int *v, int attr, int d)
+{
+	(void)d;
+	switch (attr) {
+	case 18: *v = (int)env_long("FST_DOUBLE_INTEGRATED", 0); break;
+	case 116: *v = (int)env_long("FST_DOUBLE_RDMA", 1); break;
+	case 75: *v = 9; break;
+	case 33: *v = 0x3b + d; break;
+	default: *v = 0;
+	}
+	return OK;
+}
+
+static int contexts[64];
+
+API CUresult cuDevicePrimaryCtxRetain(void **ctx, int d)
+{
+	if (d < 0 || d >= ndevices())
+		return INVALID_DEVICE;
+	*ctx = &contexts[d];
+	return OK;
+}
+
+API CUresult cuCtxSetCurrent(void *ctx)
+{
+	if (!ctx)
+		return INVALID_VALUE;
+	current = (int)((int *)ctx - contexts);
+	return OK;
+}
+
+API CUresult cuCtxGetCurrent(void **ctx)
+{
+	*ctx = current < 0 ? NULL : &contexts[current];
+	return OK;
+}
+
+API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
+{
+	if (current < 0)
+		return INVALID_VALUE; /* no context current: a real driver fails too */
+	size_t limit = (size_t)env_long("FST_DOUBLE_MEM", 16l << 30);
+	pthread_mutex_lock(&lock);
+	if (used[current] + n > limit) {
+		pthread_mutex_unlock(&lock);
+		return OUT_OF_MEMORY;
+	}
+	char *m = NULL;
+	if (posix_memalign((void **)&m, 512, n ? n : 1)) {
+		pthread_mutex_unlock(&lock);
+		return OUT_OF_MEMORY;
+	}
+	memset(m, POISON, n);
+	size_t i = 0;
+	while (i < MAX_ALLOCS && allocs[i].p)
+		i++;
+	if (i == MAX_ALLOCS) {
+		pthread_mutex_unlock(&lock);
+		free(m);
+		return OUT_OF_MEMORY;
+	}
+	allocs[i] = (struct alloc){m, n, current};
+	used[current] += n;
+	pthread_mutex_unlock(&lock);
+	atomic_fetch_add(&live_device, 1);
+	*p = (CUdeviceptr)(uintptr_t)m;
+	return OK;
+}
+
+API CUresult cuMemFree_v2(CUdeviceptr p)
+{
+	pthread_mutex_lock(&lock);
+	for (size_t i = 0; i < MAX_ALLOCS; i++)
+		if (allocs[i].p == (char *)(uintptr_t)p) {
+			used[allocs[i].device] -= allocs[i].n;
+			free(allocs[i].p);
+			allocs[i].p = NULL;
+			pthread_mutex_unlock(&lock);
+			atomic_fetch_sub(&live_device, 1);
+			return OK;
+		}
+	pthread_mutex_unlock(&lock);
+	fprintf(stderr, "cuda double: cuMemFree of unknown pointer %p\n", (void *)(uintptr_t)p);
+	abort();
+}
+
+/* Any device range must lie inside one allocation: a stray write is a bug. */
+static int device_range_ok(CUdeviceptr p, size_t n)
+{
+	char *a = (char *)(uintptr_t)p;
+	pthread_mutex_lock(&lock);
+	for (size_t i = 0; i < MAX_ALLOCS; i++)
+		if (allocs[i].p && a >= allocs[i].p && a + n <= allocs[i].p + allocs[i].n) {
+			pthread_mutex_unlock(&lock);
+			return 1;
+		}
+	pthread_mutex_unlock(&lock);
+	return 0;
+}
+
+API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+	size_t limit = (size_t)env_long("FST_DOUBLE_MEM", 16l << 30);
+	*total = limit;
+	*free_bytes = limit - used[current < 0 ? 0 : current];
+	return OK;
+}
+
+API CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags)
+{
+	(void)flags;
+	if (posix_memalign(p, 4096, n ? n : 1))
+		return OUT_OF_MEMORY;
+	atomic_fetch_add(&live_host, 1);
+	return OK;
+}
+
+API CUresult cuMemFreeHost(void *p)
+{
+	free(p);
+	atomic_fetch_sub(&live_host, 1);
+	return OK;
+}
+
+API CUresult cuStreamCreate(void **out, unsigned flags)
+{
+	(void)flags;
+	struct stream *s = calloc(1, sizeof *s);
+	pthread_mutex_init(&s->m, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	s->seed = (unsigned)(uintptr_t)s ^ (unsigned)time(NULL);
+	pthread_create(&s->thread, NULL, stream_main, s);
+	*out = s;
+	return OK;
+}
+
+API CUresult cuStreamSynchronize(void *h)
+{
+	struct stream *s = h;
+	pthread_mutex_lock(&s->m);
+	uint64_t q = s->queued;
+	pthread_mutex_unlock(&s->m);
+	wait_seq(s, q);
+	return OK;
+}
+
+API CUresult cuStreamDestroy_v2(void *h)
+{
+	struct stream *s = h;
+	pthread_mutex_lock(&s->m);
+	s->quit = 1;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->m);
+	pthread_join(s->thread, NULL);
+	free(s);
+	return OK;
+}
+
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *h)
+{
+	if (!device_range_ok(dst, n))
+		return ILLEGAL_ADDRESS;
+	/* Poison now: whoever reads before waiting for the copy sees it. */
+	memset((char *)(uintptr_t)dst, POISON, n);
+	enqueue(h, OP_COPY, (char *)(uintptr_t)dst, src, n);
+	return OK;
+}
+
+API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+	if (!device_range_ok(src, n))
+		return ILLEGAL_ADDRESS;
+	memcpy(dst, (const char *)(uintptr_t)src, n);
+	return OK;
+}
+
+API CUresult cuEventCreate(void **out, unsigned flags)
+{
+	(void)flags;
+	*out = calloc(1, sizeof(struct event));
+	return OK;
+}
+
+API CUresult cuEventRecord(void *ev, void *h)
+{
+	struct event *e = ev;
+	e->s = h;
+	e->seq = enqueue(h, OP_MARK, NULL, NULL, 0);
+	e->recorded = 1;
+	return OK;
+}
+
+API CUresult cuEventQuery(void *ev)
+{
+	struct event *e = ev;
+	if (!e->recorded)
+		return OK;
+	pthread_mutex_lock(&e->s->m);
+	int done = e->s->done >= e->seq;
+	pthread_mutex_unlock(&e->s->m);
+	return done ? OK : NOT_READY;
+}
+
+API CUresult cuEventSynchronize(void *ev)
+{
+	struct event *e = ev;
+	if (e->recorded)
+		wait_seq(e->s, e->seq);
+	return OK;
+}
+
+API CUresult cuEventDestroy_v2(void *ev)
+{
+	free(ev);
+	return OK;
+}
+
+/* For tests: live device allocations and pinned blocks. */
+API long fst_double_live_device(void) { return atomic_load(&live_device); }
+API long fst_double_live_host(void) { return atomic_load(&live_host); }
