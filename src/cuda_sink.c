@@ -115,6 +115,7 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 
 	/* One pinned block for every worker's slots. */
 	l->pinned_len = (uint64_t)e->nthreads * FSTI_SLOTS * e->slot_bytes;
+	double t0 = fsti_now();
 	if (l->pinned_len) {
 		CUresult r = fsti_fault("pin") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY
 					       : cu->cuMemHostAlloc((void **)&l->pinned,
@@ -128,6 +129,9 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 					      l->pinned_len);
 		}
 	}
+	fsti_log(FST_LOG_INFO, "cuda:%d: %" PRIu64 " bytes of device memory; pinning %" PRIu64
+			       " bytes of staging took %.1f ms",
+		 b->device_id, size, l->pinned_len, (fsti_now() - t0) * 1e3);
 	return 0;
 }
 

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 int fst_cuda_driver(int *version, int *count, char *library, size_t size, fst_error *err)
 {
@@ -93,13 +92,6 @@ int fst_cuda_device_info(int index, fst_cuda_device *out, fst_error *err)
 	return 0;
 }
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 int fst_cuda_h2d_bandwidth(int index, uint64_t bytes, double *gbps, fst_error *err)
 {
 	fsti_err_clear(err);
@@ -134,13 +126,13 @@ int fst_cuda_h2d_bandwidth(int index, uint64_t bytes, double *gbps, fst_error *e
 	}
 	double best = 0;
 	for (int run = 0; run < 3 && !r; run++) {
-		double t0 = now();
+		double t0 = fsti_now();
 		for (uint64_t off = 0; off < bytes && !r; off += piece)
 			r = cu->cuMemcpyHtoDAsync_v2(dev + off, (char *)host + off,
 						     (size_t)FSTI_MIN((uint64_t)piece, bytes - off), s);
 		if (!r)
 			r = cu->cuStreamSynchronize(s);
-		double rate = (double)bytes / (now() - t0) / 1e9;
+		double rate = (double)bytes / (fsti_now() - t0) / 1e9;
 		best = FSTI_MAX(best, rate);
 	}
 	if (r)

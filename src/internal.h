@@ -36,6 +36,9 @@ int fsti_err_backend(fst_error *err, int code, int backend_code, const char *fmt
 /* Reset err to "no error". */
 void fsti_err_clear(fst_error *err);
 
+/* Seconds on a monotonic clock (log.c). */
+double fsti_now(void);
+
 /* ---- logging (log.c) */
 
 void fsti_log(int level, const char *fmt, ...) FSTI_PRINTF(2, 3);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static fst_log_fn log_fn;
 static void *log_ctx;
@@ -63,4 +64,11 @@ void fsti_log(int level, const char *fmt, ...)
 		return;
 	}
 	fprintf(stderr, "fst: %s: %s\n", names[level < 0 ? 0 : level > 3 ? 3 : level], line);
+}
+
+double fsti_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }

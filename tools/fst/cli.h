@@ -69,5 +69,6 @@ int cmd_gen(int argc, char **argv);
 int cmd_load(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_doctor(int argc, char **argv);
 
 #endif

@@ -13,6 +13,7 @@ static const struct {
 	{"load", cmd_load, "load a checkpoint into CPU or GPU memory and report the speed"},
 	{"verify", cmd_verify, "load, then compare every byte with a plain read of the files"},
 	{"bench", cmd_bench, "compare fst with the machine's limits and the reference loader"},
+	{"doctor", cmd_doctor, "what this machine offers fst, and what a load would do and why"},
 };
 
 static void usage(FILE *out)

@@ -1,0 +1,154 @@
+/*
+ * doctor.c - `fst doctor`: what this machine offers fst, and what a load of
+ * PATH would do and why.
+ */
+#include "cli.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <string.h>
+
+static void help(FILE *out)
+{
+	fprintf(out,
+		"usage: fst doctor [PATH] [--device DEV] [--json]\n"
+		"\n"
+		"Reports the CUDA driver and devices (name, memory, PCIe link, integrated or\n"
+		"not, GPUDirect RDMA attribute), measures pinned host-to-device copies, and,\n"
+		"for PATH, what `fst load --device DEV` would choose and why. Without a GPU\n"
+		"it says so and exits 0.\n"
+		"\n"
+		"  --device DEV    the device PATH would be loaded onto (default: cuda:0 when\n"
+		"                  there is a GPU, else cpu)\n"
+		"  --no-copy-test  skip the pinned-copy measurement\n"
+		"  --json          one JSON object\n"
+		"  -h, --help      this help\n");
+}
+
+int cmd_doctor(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"device", required_argument, NULL, 'd'},
+		{"no-copy-test", no_argument, NULL, 'n'},
+		{"json", no_argument, NULL, 'j'},
+		{"help", no_argument, NULL, 'h'},
+		{0, 0, 0, 0},
+	};
+	const char *device = NULL;
+	bool as_json = false, copy_test = true;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'd': device = optarg; break;
+		case 'n': copy_test = false; break;
+		case 'j': as_json = true; break;
+		case 'h': help(stdout); return EXIT_OK;
+		default: help(stderr); return EXIT_USAGE;
+		}
+	}
+	if (argc - optind > 1) {
+		cli_error("doctor", "at most one PATH");
+		return EXIT_USAGE;
+	}
+	const char *path = optind < argc ? argv[optind] : NULL;
+	json_t *out = json_object();
+	json_object_set_new(out, "version", json_string(fst_version()));
+	if (!as_json)
+		printf("fst %s\n", fst_version());
+
+	int version = 0, count = 0;
+	char lib[256] = "";
+	fst_error err;
+	json_t *cuda = json_object();
+	json_object_set_new(out, "cuda", cuda);
+	if (fst_cuda_driver(&version, &count, lib, sizeof lib, &err)) {
+		json_object_set_new(cuda, "available", json_false());
+		json_object_set_new(cuda, "reason", json_string(err.message));
+		if (!as_json)
+			printf("CUDA: not available: %s\n", err.message);
+	} else {
+		json_object_set_new(cuda, "available", json_true());
+		json_object_set_new(cuda, "driver_version", json_integer(version));
+		json_object_set_new(cuda, "library", json_string(lib));
+		if (!as_json)
+			printf("CUDA: driver %d.%d (%s), %d device%s\n", version / 1000,
+			       version % 1000 / 10, lib, count, count == 1 ? "" : "s");
+		json_t *devs = json_array();
+		json_object_set_new(cuda, "devices", devs);
+		for (int i = 0; i < count; i++) {
+			fst_cuda_device d;
+			if (fst_cuda_device_info(i, &d, &err)) {
+				if (!as_json)
+					printf("  cuda:%d: %s\n", i, err.message);
+				continue;
+			}
+			double gbps = 0;
+			char why[FST_ERROR_MSG_MAX] = "";
+			if (copy_test && fst_cuda_h2d_bandwidth(i, 256u << 20, &gbps, &err))
+				snprintf(why, sizeof why, "%s", err.message);
+			char tot[32], fr[32];
+			if (!as_json) {
+				printf("  cuda:%d: %s, compute %d.%d, %s total, %s free\n", i, d.name,
+				       d.compute_major, d.compute_minor,
+				       cli_human_bytes(tot, sizeof tot, d.total_memory),
+				       cli_human_bytes(fr, sizeof fr, d.free_memory));
+				if (d.pcie_gen)
+					printf("    PCIe %s: gen %d x%d\n", d.pci_bus_id, d.pcie_gen,
+					       d.pcie_width);
+				else
+					printf("    PCIe %s: link speed not readable\n", d.pci_bus_id);
+				printf("    integrated: %s; GPUDirect RDMA attribute: %d\n",
+				       d.integrated ? "yes (shares host memory)" : "no",
+				       d.gpu_direct_rdma);
+				if (copy_test && !why[0])
+					printf("    pinned host-to-device copy: %.1f GB/s\n", gbps);
+				else if (copy_test)
+					printf("    pinned host-to-device copy failed: %s\n", why);
+			}
+			json_array_append_new(
+				devs, json_pack("{s:i, s:s, s:I, s:I, s:i, s:i, s:s, s:i, s:i, s:f}",
+						"index", i, "name", d.name, "total_memory",
+						(json_int_t)d.total_memory, "free_memory",
+						(json_int_t)d.free_memory, "integrated", d.integrated,
+						"gpu_direct_rdma", d.gpu_direct_rdma, "pci_bus_id",
+						d.pci_bus_id, "pcie_gen", d.pcie_gen, "pcie_width",
+						d.pcie_width, "pinned_h2d_gbps", gbps));
+		}
+	}
+	if (!device)
+		device = count > 0 ? "cuda:0" : "cpu";
+	int rc = EXIT_OK;
+	if (path) {
+		fst_checkpoint *ck;
+		char why[FST_ERROR_MSG_MAX + 64];
+		fst_load_opts lo;
+		fst_load_opts_init(&lo);
+		lo.device = device;
+		if (fst_checkpoint_open(path, &ck, &err)) {
+			cli_error("doctor", "%s", err.message);
+			rc = cli_exit_code(err.code);
+		} else {
+			if (fst_load_explain(ck, &lo, why, sizeof why, &err)) {
+				snprintf(why, sizeof why, "cannot load: %s", err.message);
+				rc = cli_exit_code(err.code);
+			}
+			char hb[32];
+			if (!as_json)
+				printf("%s: %zu files, %zu tensors, %s\n  fst load --device %s: %s\n",
+				       path, fst_checkpoint_file_count(ck), fst_checkpoint_tensor_count(ck),
+				       cli_human_bytes(hb, sizeof hb, fst_checkpoint_total_bytes(ck)),
+				       device, why);
+			json_object_set_new(out, "load", json_pack("{s:s, s:s, s:s}", "path", path,
+								   "device", device, "plan", why));
+			fst_checkpoint_close(ck);
+		}
+	}
+	if (as_json) {
+		json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+		fputc('\n', stdout);
+	}
+	json_decref(out);
+	return rc;
+}
