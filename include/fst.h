@@ -358,7 +358,8 @@ typedef struct fst_load_opts {
 	int gds;                   /* enum fst_gds, default FST_GDS_AUTO */
 	unsigned threads;          /* reader threads; 0 = one per CPU, at most 16 */
 	uint64_t chunk_bytes;      /* bytes per read; 0 = default (docs/design.md) */
-	uint64_t staging_bytes;    /* host staging budget; 0 = 256 MiB */
+	uint64_t staging_bytes;    /* host staging budget; 0 = 64 MiB for page-cache
+	                            * reads, 256 MiB for O_DIRECT */
 	uint32_t align;            /* alignment of every tensor; 0 = 256; power of two */
 	int pinned;                /* CPU target: page-lock the destination */
 	/* Keep only the tensors for which filter returns nonzero (NULL: all). */
@@ -461,6 +462,13 @@ FST_API int fst_copy_to_host(const fst_tensor_view *view, uint64_t offset, void 
 			     uint64_t len, fst_error *err);
 
 /* ---------------------------------------------------------------- devices */
+
+/*
+ * Free memory libfst keeps between loads: pinned staging blocks (at most
+ * 1 GiB), kept because page-locking costs about as much as reading the same
+ * bytes from the page cache. Call it when no load is running (since 0.1).
+ */
+FST_API void fst_trim(void);
 
 typedef struct fst_cuda_device {
 	int index;

@@ -1,8 +1,8 @@
 /*
  * cuda_sink.c - chunks to GPU memory through pinned landing slots.
  *
- * Each worker owns a non-blocking stream, FSTI_SLOTS slices of one pinned
- * staging block and one event per slot. A chunk read into a slot is copied
+ * Each worker owns a non-blocking stream, a pinned block of FSTI_SLOTS
+ * landing slots and one event per slot. A chunk read into a slot is copied
  * to its tensors with cuMemcpyHtoDAsync, piece by piece, and the slot's
  * event is recorded after the last piece. Two rules keep bytes sacred:
  *  - a slot is overwritten only after its event has completed (its copies
@@ -16,14 +16,74 @@
 #include "engine.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <string.h>
+
+/*
+ * Pinned blocks are kept for the next load in this process: page-locking
+ * costs about as much as reading the bytes from the page cache (it is
+ * serialised in the driver), so a server that loads several checkpoints
+ * pays it once. PORTABLE blocks serve every device. fst_trim frees them.
+ */
+#define POOL_MAX 128
+#define POOL_LIMIT (1ull << 30)
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	char *p;
+	uint64_t len;
+} pool[POOL_MAX];
+static int pool_n;
+static uint64_t pool_bytes;
+static const struct fsti_cuda *pool_cu;
+
+static char *pinned_get(const struct fsti_cuda *cu, uint64_t len, CUresult *r)
+{
+	pthread_mutex_lock(&pool_lock);
+	for (int i = 0; i < pool_n; i++)
+		if (pool[i].len == len) {
+			char *p = pool[i].p;
+			pool[i] = pool[--pool_n];
+			pool_bytes -= len;
+			pthread_mutex_unlock(&pool_lock);
+			*r = 0;
+			return p;
+		}
+	pthread_mutex_unlock(&pool_lock);
+	char *p = NULL;
+	*r = fsti_fault("pin") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY
+			       : cu->cuMemHostAlloc((void **)&p, (size_t)len,
+						    FSTI_CU_MEMHOSTALLOC_PORTABLE);
+	return *r ? NULL : p;
+}
+
+static void pinned_put(const struct fsti_cuda *cu, char *p, uint64_t len)
+{
+	pthread_mutex_lock(&pool_lock);
+	if (pool_n < POOL_MAX && pool_bytes + len <= POOL_LIMIT) {
+		pool[pool_n].p = p;
+		pool[pool_n++].len = len;
+		pool_bytes += len;
+		pool_cu = cu;
+		p = NULL;
+	}
+	pthread_mutex_unlock(&pool_lock);
+	if (p)
+		cu->cuMemFreeHost(p);
+}
+
+void fst_trim(void)
+{
+	pthread_mutex_lock(&pool_lock);
+	for (int i = 0; i < pool_n; i++)
+		pool_cu->cuMemFreeHost(pool[i].p);
+	pool_n = 0;
+	pool_bytes = 0;
+	pthread_mutex_unlock(&pool_lock);
+}
 
 struct cuda_load {
 	const struct fsti_cuda *cu;
 	int device;
-	char *pinned;
-	uint64_t pinned_len;
-	atomic_uint next_worker;
 };
 
 struct cuda_worker {
@@ -31,6 +91,7 @@ struct cuda_worker {
 	CUstream stream;
 	CUevent ev[FSTI_SLOTS];
 	bool ev_made[FSTI_SLOTS];
+	char *pinned; /* the worker's slots, one pinned block */
 	const struct fsti_chunk *pending[FSTI_SLOTS];
 	char *slot[FSTI_SLOTS];
 };
@@ -70,7 +131,6 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 	e->sink_ctx = l;
 	l->cu = cu;
 	l->device = b->device_id;
-	atomic_init(&l->next_worker, 0);
 
 	/* Destination: one device allocation, or the caller's allocator. */
 	uint64_t size = e->plan.dst_size ? e->plan.dst_size : 1;
@@ -112,26 +172,6 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 					"%u bytes; pass an allocator for larger alignments",
 					b->device_id, e->opts.align);
 	}
-
-	/* One pinned block for every worker's slots. */
-	l->pinned_len = (uint64_t)e->nthreads * FSTI_SLOTS * e->slot_bytes;
-	double t0 = fsti_now();
-	if (l->pinned_len) {
-		CUresult r = fsti_fault("pin") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY
-					       : cu->cuMemHostAlloc((void **)&l->pinned,
-								    (size_t)l->pinned_len,
-								    FSTI_CU_MEMHOSTALLOC_PORTABLE);
-		if (r) {
-			l->pinned = NULL;
-			return fsti_cuda_fail(cu, r, err,
-					      "cannot allocate %" PRIu64 " bytes of pinned staging "
-					      "memory (--staging sets the budget)",
-					      l->pinned_len);
-		}
-	}
-	fsti_log(FST_LOG_INFO, "cuda:%d: %" PRIu64 " bytes of device memory; pinning %" PRIu64
-			       " bytes of staging took %.1f ms",
-		 b->device_id, size, l->pinned_len, (fsti_now() - t0) * 1e3);
 	return 0;
 }
 
@@ -140,8 +180,6 @@ static void cuda_load_fini(struct fsti_engine *e)
 	struct cuda_load *l = e->sink_ctx;
 	if (!l)
 		return;
-	if (l->pinned)
-		l->cu->cuMemFreeHost(l->pinned);
 	fsti_free(l);
 	e->sink_ctx = NULL;
 }
@@ -163,14 +201,28 @@ static int cuda_worker_init(struct fsti_engine *e, void **state, fst_error *err)
 		w->stream = NULL;
 		return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot create a stream", l->device);
 	}
-	unsigned me = atomic_fetch_add(&l->next_worker, 1);
+	/* Each worker pins its own slots: page-locking costs about as much as
+	 * touching the memory, and workers do it in parallel, overlapping the
+	 * first reads of the others. */
+	double t0 = fsti_now();
+	uint64_t len = FSTI_SLOTS * e->slot_bytes;
+	w->pinned = pinned_get(cu, len, &r);
+	if (r) {
+		w->pinned = NULL;
+		return fsti_cuda_fail(cu, r, err,
+				      "cannot allocate %" PRIu64 " bytes of pinned staging "
+				      "memory (--staging sets the budget)",
+				      len);
+	}
+	fsti_log(FST_LOG_DEBUG, "cuda:%d: pinning %" PRIu64 " bytes of staging took %.1f ms",
+		 l->device, len, (fsti_now() - t0) * 1e3);
 	for (int s = 0; s < FSTI_SLOTS; s++) {
 		r = cu->cuEventCreate(&w->ev[s], FSTI_CU_EVENT_DISABLE_TIMING);
 		if (r)
 			return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot create an event",
 					      l->device);
 		w->ev_made[s] = true;
-		w->slot[s] = l->pinned + ((uint64_t)me * FSTI_SLOTS + (unsigned)s) * e->slot_bytes;
+		w->slot[s] = w->pinned + (unsigned)s * e->slot_bytes;
 	}
 	return 0;
 }
@@ -278,7 +330,6 @@ static int cuda_drain(struct fsti_engine *e, void *state, fst_error *err)
 
 static void cuda_worker_fini(struct fsti_engine *e, void *state)
 {
-	(void)e;
 	struct cuda_worker *w = state;
 	if (!w)
 		return;
@@ -290,6 +341,9 @@ static void cuda_worker_fini(struct fsti_engine *e, void *state)
 			cu->cuEventDestroy_v2(w->ev[s]);
 	if (w->stream)
 		cu->cuStreamDestroy_v2(w->stream);
+	/* after the stream is idle: no copy can still read the slots */
+	if (w->pinned)
+		pinned_put(cu, w->pinned, FSTI_SLOTS * e->slot_bytes);
 	fsti_free(w);
 }
 

@@ -24,7 +24,8 @@
 #include <unistd.h>
 
 #define DEFAULT_ALIGN 256u
-#define DEFAULT_STAGING (256ull << 20)
+#define DEFAULT_STAGING_CACHED (64ull << 20)
+#define DEFAULT_STAGING_DIRECT (256ull << 20)
 #define DEFAULT_CHUNK (16ull << 20)
 #define MAX_THREADS 64u
 
@@ -314,8 +315,6 @@ static int check_opts(const fst_load_opts *in, fst_load_opts *o, fst_error *err)
 		o->align = DEFAULT_ALIGN;
 	if (o->align & (o->align - 1))
 		return fsti_err(err, FST_EUSAGE, "align %u is not a power of two", o->align);
-	if (!o->staging_bytes)
-		o->staging_bytes = DEFAULT_STAGING;
 	if (!o->threads)
 		o->threads = default_threads();
 	if (o->threads > MAX_THREADS)
@@ -554,7 +553,14 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	bool direct = e->device_type == FST_DEVICE_CPU && e->reader == &fsti_reader_pread;
 	if (!rc && !direct && e->opts.io != FST_IO_MMAP) {
 		e->sink = e->device_type == FST_DEVICE_CUDA ? &fsti_sink_cuda : &host_sink;
-		/* landing slots of every thread fit the staging budget */
+		/* Landing slots of every thread fit the staging budget. By default
+		 * it is small for page-cache reads (pinning memory costs about as
+		 * much as reading it: 64 MiB loaded fastest on the H200) and large
+		 * for O_DIRECT, which wants big requests in flight and whose time
+		 * dwarfs the pinning (docs/design.md, "Defaults"). */
+		if (!e->opts.staging_bytes)
+			e->opts.staging_bytes = e->reader == &fsti_reader_pread ? DEFAULT_STAGING_CACHED
+										: DEFAULT_STAGING_DIRECT;
 		uint64_t per_slot = e->opts.staging_bytes / ((uint64_t)e->opts.threads * FSTI_SLOTS);
 		uint64_t chunk = FSTI_MIN(e->opts.chunk_bytes, per_slot);
 		chunk &= ~(uint64_t)(FSTI_DIRECT_ALIGN - 1);

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -60,6 +61,18 @@ static int pread_read(struct fsti_engine *e, void *state, uint32_t file, uint64_
 		      uint64_t len, void *dst, fst_error *err)
 {
 	(void)state;
+	/* A memory image (fst_file_open_memory) has no descriptor: its bytes
+	 * are already here, and were validated at open. */
+	const fst_file *f = fst_checkpoint_file(e->ck, file);
+	if (f->fd < 0 && f->mem) {
+		if (off > f->size || len > f->size - off)
+			return fsti_err(err, FST_EIO,
+					"%s: read of %" PRIu64 " bytes at offset %" PRIu64
+					" past the end of the %" PRIu64 "-byte image",
+					f->path, len, off, f->size);
+		memcpy(dst, f->mem + off, (size_t)len);
+		return 0;
+	}
 	return fsti_pread_exact(fsti_engine_fd(e, file), fsti_engine_path(e, file), dst, len, off,
 				err);
 }

@@ -17,11 +17,14 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <liburing.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define DIRECT_ALIGN FSTI_DIRECT_ALIGN
-#define MIN_PIECE (1u << 20) /* bytes per request, at least */
+#define MIN_PIECE (8u << 20) /* bytes per request, at least: big requests suit
+				* virtio and NVMe alike */
 #define PIECES 8u            /* requests per window, about */
 #define DEPTH (FSTI_SLOTS * (PIECES + 2))
 
@@ -75,8 +78,25 @@ static void uring_fini(void *state)
 	struct uring_worker *w = state;
 	if (!w)
 		return;
-	/* Tearing the ring down waits for requests still in flight, so no
-	 * landing slot is freed while something can still write to it. */
+	/* Tearing the ring down does not wait for requests in flight: closing
+	 * the ring only queues its cancellation, and an O_DIRECT read or an
+	 * io-wq copy may still write into a landing slot after the slot is
+	 * freed. Normally every request has been reaped by now; after an error
+	 * (window_wait gives up when submitting fails) some may not have been,
+	 * so wait for them here. Queued requests are submitted first, as
+	 * nothing tells them apart from those already in flight. */
+	unsigned outstanding = DEPTH - w->nfree;
+	while (outstanding) {
+		int got = io_uring_submit_and_wait(&w->ring, 1);
+		if (got < 0 && got != -EINTR)
+			break; /* nothing more can be done */
+		struct io_uring_cqe *cqe;
+		unsigned head, seen = 0;
+		io_uring_for_each_cqe(&w->ring, head, cqe)
+			seen++;
+		io_uring_cq_advance(&w->ring, seen);
+		outstanding -= FSTI_MIN(seen, outstanding);
+	}
 	io_uring_queue_exit(&w->ring);
 	fsti_free(w);
 }
@@ -165,19 +185,37 @@ static int window_wait(struct uring_worker *w, struct window *win, fst_error *er
 	return 0;
 }
 
-/* The O_DIRECT descriptor of a file, opened on first use; -1 when the
- * filesystem refuses O_DIRECT (then reads go through the page cache). */
+/*
+ * The O_DIRECT descriptor of a file, opened on first use; -1 when there is
+ * none (then reads go through the page cache, with the descriptor the file
+ * was opened with). The path is opened again, so the new descriptor must
+ * name the very file that was opened and validated: a file renamed over the
+ * path since then is never read.
+ */
 static int direct_fd(struct fsti_engine *e, uint32_t file)
 {
+	const fst_file *f = fst_checkpoint_file(e->ck, file);
 	pthread_mutex_lock(&e->lock);
 	int fd = e->direct_fds[file];
 	if (fd == -2) {
-		fd = open(fsti_engine_path(e, file), O_RDONLY | O_DIRECT | O_CLOEXEC);
+		char why[96] = "";
+		fd = open(f->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+		if (fd < 0) {
+			snprintf(why, sizeof why, "O_DIRECT refused: %s", strerror(errno));
+		} else {
+			struct stat st;
+			if (fstat(fd, &st) || (uint64_t)st.st_dev != f->dev ||
+			    (uint64_t)st.st_ino != f->ino) {
+				close(fd);
+				fd = -1;
+				snprintf(why, sizeof why, "the path names another file now");
+			}
+		}
 		if (fd < 0 && !e->direct_refused_logged) {
 			e->direct_refused_logged = true;
-			fsti_log(FST_LOG_INFO,
-				 "%s: O_DIRECT refused (%s); reading through the page cache",
-				 fsti_engine_path(e, file), strerror(errno));
+			fsti_log(FST_LOG_INFO, "%s: no O_DIRECT descriptor (%s); reading through "
+					       "the page cache",
+				 f->path, why);
 		}
 		e->direct_fds[file] = fd < 0 ? -1 : fd;
 	}
@@ -192,6 +230,20 @@ static int uring_start(struct fsti_engine *e, void *state, int slot, uint32_t fi
 	struct window *win = &w->win[slot];
 	win->path = fsti_engine_path(e, file);
 	win->buf = buf;
+	const fst_file *f = fst_checkpoint_file(e->ck, file);
+	if (f->fd < 0 && f->mem) {
+		/* a memory image: nothing to read, never a path to open */
+		if (off > f->size || len > f->size - off)
+			return fsti_err(err, FST_EIO,
+					"%s: read of %" PRIu64 " bytes at offset %" PRIu64
+					" past the end of the %" PRIu64 "-byte image",
+					f->path, len, off, f->size);
+		memcpy(buf, f->mem + off, (size_t)len);
+		*win = (struct window){.buf = buf, .off = off, .len = len, .need = len,
+				       .eof_at = UINT64_MAX, .fd = -1, .path = win->path,
+				       .where = buf};
+		return 0;
+	}
 	int dfd = direct_fd(e, file);
 	if (dfd < 0) {
 		/* buffered: the exact bytes at the start of the slot */

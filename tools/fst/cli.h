@@ -52,7 +52,7 @@ void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 	"  --io METHOD     auto (default), pread, uring or mmap (cpu only)\n"              \
 	"  --threads N     reader threads (default: one per CPU, at most 16)\n"            \
 	"  --chunk SIZE    bytes per read (default 16MiB)\n"                              \
-	"  --staging SIZE  host staging budget (default 256MiB)\n"                       \
+	"  --staging SIZE  host staging budget (default 64MiB cached, 256MiB O_DIRECT)\n" \
 	"  --pinned        cpu: page-lock the destination\n"                             \
 	"  --gds POLICY    auto (default), on or off: GPUDirect Storage (docs/gds.md)\n"
 
