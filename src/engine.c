@@ -203,6 +203,19 @@ static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_erro
 			if (i >= e->plan.nc)
 				break;
 			const struct fsti_chunk *c = &e->plan.c[i];
+			if (fsti_gds_wanted(e, c)) {
+				/* cuFile: synchronous, straight into the tensors */
+				int g = fsti_gds_read(e, c, err);
+				if (g == 0) {
+					fsti_chunk_done(e, c);
+					continue;
+				}
+				if (g < 0) {
+					rc = g;
+					break;
+				}
+				/* g == 1: this file now goes through staging */
+			}
 			int s = (head + count) % FSTI_SLOTS;
 			char *buf;
 			rc = e->sink->slot_buffer(e, sstate, s, &buf, err);
@@ -449,6 +462,7 @@ static void engine_free(struct fsti_engine *e)
 				close(e->direct_fds[i]);
 		fsti_free(e->direct_fds);
 	}
+	fsti_gds_teardown(e); /* before the buffer may go: it deregisters it */
 	if (e->sink && e->sink->load_fini)
 		e->sink->load_fini(e);
 	fst_buffer_release(e->buf);
@@ -515,10 +529,11 @@ static void describe(struct fsti_engine *e)
 		snprintf(chunk, sizeof chunk, "%" PRIu64 " KiB", e->opts.chunk_bytes >> 10);
 	else
 		snprintf(chunk, sizeof chunk, "%" PRIu64 " MiB", e->opts.chunk_bytes >> 20);
-	snprintf(e->describe, sizeof e->describe, "%s%s, %u thread%s, %s chunks: %s",
-		 e->reader->name,
+	snprintf(e->describe, sizeof e->describe, "%s%s%s, %u thread%s, %s chunks: %s%s%s",
+		 e->gds_files ? "cuFile where registered, else " : "", e->reader->name,
 		 e->sink == &fsti_sink_cuda ? " to pinned staging, async copies to the GPU" : "",
-		 e->nthreads, e->nthreads == 1 ? "" : "s", chunk, e->why);
+		 e->nthreads, e->nthreads == 1 ? "" : "s", chunk, e->why,
+		 e->gds_why[0] ? "; " : "", e->gds_why);
 }
 
 /* Every decision of a load, and its plan, without taking any memory for
@@ -568,6 +583,15 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		e->slot_bytes = e->opts.chunk_bytes + 2 * FSTI_DIRECT_ALIGN;
 	}
 	if (!rc)
+		rc = fsti_gds_setup(e, err);
+	/* Files read with cuFile get direct extents (bytes land at their
+	 * tensors); their chunks are no larger than a landing slot, so one
+	 * whose cuFile read fails can be redone through staging as it is. */
+	if (!rc && e->gds_files)
+		rc = fsti_plan_build_mixed(ck, e->opts.filter, e->opts.filter_ctx, e->opts.align,
+					   e->opts.chunk_bytes, e->gds_direct, e->opts.chunk_bytes,
+					   &e->plan, err);
+	else if (!rc)
 		rc = fsti_plan_build(ck, e->opts.filter, e->opts.filter_ctx, e->opts.align,
 				     e->opts.chunk_bytes, direct || e->opts.io == FST_IO_MMAP,
 				     &e->plan, err);
@@ -641,6 +665,8 @@ int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_load
 		rc = e->sink->load_init(e, err);
 	else
 		rc = alloc_host(e, err);
+	if (!rc)
+		rc = fsti_gds_register_buffer(e, err);
 	if (rc)
 		goto fail;
 	for (size_t i = 0; i < e->plan.nt; i++) {

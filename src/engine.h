@@ -50,6 +50,12 @@ typedef int (*fsti_filter_fn)(void *ctx, const char *name);
 int fsti_plan_build(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
 		    uint32_t align, uint64_t chunk_bytes, bool direct, struct fsti_plan *out,
 		    fst_error *err);
+/* The same with a choice per file: files whose direct_files entry is true
+ * get direct extents cut into direct_chunk_bytes (GPUDirect reads land
+ * straight at their tensors); the others are planned for landing slots. */
+int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
+			  uint32_t align, uint64_t chunk_bytes, const bool *direct_files,
+			  uint64_t direct_chunk_bytes, struct fsti_plan *out, fst_error *err);
 
 /* Call fn for each piece of chunk c that belongs to one tensor: the piece
  * starts at byte `at` of the chunk and at byte dst_off of the destination. */
@@ -87,7 +93,7 @@ struct fst_buffer {
 	uint64_t tensor_bytes;
 	fsti_names by_name;
 	char *arena;
-	char describe[256];
+	char describe[1200];
 };
 
 /* A buffer whose table mirrors the plan's tensors (data pointers unset). */
@@ -197,9 +203,36 @@ struct fsti_engine {
 	int *direct_fds;
 	bool direct_refused_logged;
 	char why[160];
-	char describe[256];
+	char describe[1200];
 	int device_type, device_id;
+	/* GPUDirect Storage: the cuFile table and per-file state when used */
+	const void *cufile;
+	struct fsti_gds_file *gds;
+	bool *gds_direct;   /* per file: planned for cuFile reads */
+	size_t gds_files;   /* how many files use cuFile */
+	bool gds_buffer_registered;
+	char gds_why[700];
 };
+
+/* ---- GPUDirect Storage (gds.c) */
+
+struct fsti_gds_file {
+	int fd;             /* O_DIRECT descriptor given to cuFile */
+	void *handle;       /* cuFile handle, when registered */
+	atomic_bool failed; /* a read failed: the file goes through staging */
+};
+
+/* Decide whether cuFile is used (per opts.gds and the probe) and register
+ * each file; under auto a file that cannot be registered is left to the
+ * staging path with one warning. Fills e->gds_direct (per file). */
+int fsti_gds_setup(struct fsti_engine *e, fst_error *err);
+/* Register the destination buffer with cuFile (optional for cuFile). */
+int fsti_gds_register_buffer(struct fsti_engine *e, fst_error *err);
+/* Read chunk c with cuFile straight into its tensors. Returns 0 when done,
+ * 1 when the file fell back to staging (auto: do it there), or an error. */
+int fsti_gds_read(struct fsti_engine *e, const struct fsti_chunk *c, fst_error *err);
+bool fsti_gds_wanted(const struct fsti_engine *e, const struct fsti_chunk *c);
+void fsti_gds_teardown(struct fsti_engine *e);
 
 /* Called by sinks when chunk c's bytes are in their final place. */
 void fsti_chunk_done(struct fsti_engine *e, const struct fsti_chunk *c);

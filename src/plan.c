@@ -15,6 +15,17 @@
 
 #include <string.h>
 
+/* A marker for "every file direct" (plain plans). */
+static const bool all_direct_marker;
+#define PLAN_ALL_DIRECT (&all_direct_marker)
+
+static bool is_direct(const bool *direct_files, uint32_t file)
+{
+	if (direct_files == PLAN_ALL_DIRECT)
+		return true;
+	return direct_files && direct_files[file];
+}
+
 void fsti_plan_free(struct fsti_plan *p)
 {
 	fsti_free(p->t);
@@ -87,10 +98,18 @@ int fsti_plan_build(const fst_checkpoint *ck, fsti_filter_fn filter, void *filte
 		    uint32_t align, uint64_t chunk_bytes, bool direct, struct fsti_plan *out,
 		    fst_error *err)
 {
+	return fsti_plan_build_mixed(ck, filter, filter_ctx, align, chunk_bytes,
+				     direct ? PLAN_ALL_DIRECT : NULL, chunk_bytes, out, err);
+}
+
+int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
+			  uint32_t align, uint64_t chunk_bytes, const bool *direct_files,
+			  uint64_t direct_chunk_bytes, struct fsti_plan *out, fst_error *err)
+{
 	memset(out, 0, sizeof *out);
 	if (!align || (align & (align - 1)))
 		return fsti_err(err, FST_EUSAGE, "align %u must be a power of two", align);
-	if (!chunk_bytes)
+	if (!chunk_bytes || !direct_chunk_bytes)
 		return fsti_err(err, FST_EUSAGE, "chunk size must be positive");
 	size_t n = fst_checkpoint_tensor_count(ck);
 	out->align = align;
@@ -129,12 +148,14 @@ int fsti_plan_build(const fst_checkpoint *ck, fsti_filter_fn filter, void *filte
 			while (!out->t[pi].nbytes)
 				pi--;
 			const struct fsti_plan_tensor *prev = &out->t[pi];
+			bool direct = is_direct(direct_files, prev->file);
 			bool contiguous = prev->file == t->file &&
 					  prev->file_off + prev->nbytes == t->file_off &&
 					  (!direct || prev->dst_off + prev->nbytes == t->dst_off);
 			if (contiguous)
 				continue;
-			if (emit_extent(out, &cap, first, pi, chunk_bytes, direct))
+			if (emit_extent(out, &cap, first, pi, direct ? direct_chunk_bytes : chunk_bytes,
+					direct))
 				goto nomem;
 		}
 		first = i;
@@ -143,7 +164,9 @@ int fsti_plan_build(const fst_checkpoint *ck, fsti_filter_fn filter, void *filte
 		size_t last = out->nt - 1;
 		while (!out->t[last].nbytes)
 			last--;
-		if (emit_extent(out, &cap, first, last, chunk_bytes, direct))
+		bool direct = is_direct(direct_files, out->t[last].file);
+		if (emit_extent(out, &cap, first, last, direct ? direct_chunk_bytes : chunk_bytes,
+				direct))
 			goto nomem;
 	}
 	return 0;

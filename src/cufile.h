@@ -1,0 +1,83 @@
+/*
+ * cufile.h - the parts of cuFile (GPUDirect Storage) libfst uses, declared
+ * here (the CI machine has no cufile.h) and checked against the real header
+ * by tests/gpu/check_cufile_decls.c on a GPU machine. libcufile.so.0 is
+ * opened with dlopen on first use; FST_CUFILE_LIBRARY names another file.
+ */
+#ifndef FST_CUFILE_H
+#define FST_CUFILE_H
+
+#include "cuda.h"
+
+#include <sys/types.h>
+
+/* CUfileError_t: returned by value. */
+typedef struct fsti_cufile_error {
+	int err;    /* CUfileOpError: 0 success, 5000 + n for cuFile errors */
+	int cu_err; /* CUresult when err says a CUDA call failed */
+} fsti_cufile_error;
+
+/* CUfileDescr_t: the descriptor is at offset 8. */
+typedef struct fsti_cufile_descr {
+	int type; /* 1: CU_FILE_HANDLE_TYPE_OPAQUE_FD */
+	union {
+		int fd;
+		void *handle;
+	} handle;
+	const void *fs_ops;
+} fsti_cufile_descr;
+
+#define FSTI_CU_FILE_HANDLE_TYPE_OPAQUE_FD 1
+#define FSTI_CU_FILE_SUCCESS 0
+#define FSTI_CU_FILE_INVALID_MAPPING_SIZE 5016
+#define FSTI_CU_FILE_HANDLE_NOT_REGISTERED 5027
+
+/* The head of CUfileDrvProps_t; the rest is room for the real struct. */
+typedef struct fsti_cufile_props {
+	struct {
+		unsigned major_version, minor_version;
+		size_t poll_thresh_size, max_direct_io_size;
+		unsigned dstatusflags, dcontrolflags;
+	} nvfs;
+	unsigned char rest[4096];
+} fsti_cufile_props;
+
+typedef void *fsti_cufile_handle;
+
+struct fsti_cufile {
+	void *lib;
+	char path[256];
+	fsti_cufile_error (*cuFileDriverOpen)(void);
+	fsti_cufile_error (*cuFileDriverClose)(void);
+	fsti_cufile_error (*cuFileDriverGetProperties)(fsti_cufile_props *props);
+	fsti_cufile_error (*cuFileHandleRegister)(fsti_cufile_handle *fh, fsti_cufile_descr *d);
+	void (*cuFileHandleDeregister)(fsti_cufile_handle fh);
+	fsti_cufile_error (*cuFileBufRegister)(const void *base, size_t len, int flags);
+	fsti_cufile_error (*cuFileBufDeregister)(const void *base);
+	ssize_t (*cuFileRead)(fsti_cufile_handle fh, void *base, size_t size, off_t file_offset,
+			      off_t buf_offset);
+};
+
+/* What the probe found for one device, and the decision under gds=auto. */
+struct fsti_gds_probe {
+	bool library;          /* libcufile could be loaded */
+	bool integrated;       /* unified memory: never GDS */
+	int rdma;              /* CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED */
+	bool nvfs_devices;     /* /dev/nvidia-fs* present */
+	bool driver_opened;    /* cuFileDriverOpen succeeded */
+	int driver_error;      /* its error otherwise */
+	unsigned nvfs_major, nvfs_minor;
+	int compat_allowed;    /* cufile.json allow_compat_mode: 1, 0, -1 unknown */
+	bool usable;           /* real peer-to-peer DMA: auto would use cuFile */
+	char reason[512];      /* why not, or what was found */
+	const struct fsti_cufile *cf; /* the table when the driver is open */
+};
+
+/* Probe device once per process (cached); never opens the cuFile driver
+ * where /dev/nvidia-fs* is missing, unless FST_GDS_TRY=1 asks to. */
+const struct fsti_gds_probe *fsti_gds_probe(const struct fsti_cuda *cu, int device);
+
+/* "5027 (CU_FILE_HANDLE_NOT_REGISTERED)" */
+const char *fsti_cufile_error_name(int err, char *buf, size_t size);
+
+#endif

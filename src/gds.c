@@ -1,0 +1,200 @@
+/*
+ * gds.c - GPUDirect Storage reads, only where they are real.
+ *
+ * The decision is taken per device by the probe (probe.c) and then per
+ * file: each file is registered with cuFile on its own, and under gds=auto
+ * a file that cannot be registered, or whose read fails, goes down the
+ * pinned-staging path alone, with one warning that names the file, the code
+ * and the reason. cuFile reads land directly at each tensor's planned,
+ * aligned device address (the buffer offset argument): nothing is moved
+ * afterwards. cuFileRead is synchronous; a chunk is counted only once every
+ * read into it has returned its full length, and short reads are resumed,
+ * never accepted.
+ */
+#include "cufile.h"
+#include "engine.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const struct fsti_cufile *table_of(const struct fsti_engine *e)
+{
+	return e->cufile;
+}
+
+void fsti_gds_teardown(struct fsti_engine *e)
+{
+	const struct fsti_cufile *cf = table_of(e);
+	if (e->gds) {
+		for (size_t i = 0; i < fst_checkpoint_file_count(e->ck); i++) {
+			if (e->gds[i].handle)
+				cf->cuFileHandleDeregister(e->gds[i].handle);
+			if (e->gds[i].fd >= 0)
+				close(e->gds[i].fd);
+		}
+	}
+	if (e->gds_buffer_registered && e->buf)
+		cf->cuFileBufDeregister(e->buf->base);
+	e->gds_buffer_registered = false;
+	fsti_free(e->gds);
+	fsti_free(e->gds_direct);
+	e->gds = NULL;
+	e->gds_direct = NULL;
+}
+
+int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
+{
+	size_t nf = fst_checkpoint_file_count(e->ck);
+	if (e->device_type != FST_DEVICE_CUDA || e->opts.gds == FST_GDS_OFF) {
+		snprintf(e->gds_why, sizeof e->gds_why, "%s",
+			 e->opts.gds == FST_GDS_OFF ? "gds=off" : "");
+		return 0;
+	}
+	const struct fsti_cuda *cu = fsti_cuda_load(err);
+	if (!cu)
+		return err ? err->code : FST_EDEVICE;
+	const struct fsti_gds_probe *p = fsti_gds_probe(cu, e->device_id);
+	const char *try_env = getenv("FST_GDS_TRY");
+	bool try_anyway = try_env && !strcmp(try_env, "1") && p->driver_opened;
+	bool on = e->opts.gds == FST_GDS_ON;
+	if (!p->usable && !try_anyway) {
+		if (on)
+			return fsti_err(err, FST_EUNSUPPORTED,
+					"gds=on but GPUDirect Storage cannot run on cuda:%d: %s",
+					e->device_id, p->reason);
+		fsti_log(FST_LOG_INFO, "GPUDirect Storage not used on cuda:%d: %s; using pinned "
+				       "staging",
+			 e->device_id, p->reason);
+		snprintf(e->gds_why, sizeof e->gds_why, "GPUDirect Storage not used: %s",
+			 p->reason);
+		return 0;
+	}
+	e->cufile = p->cf;
+	const struct fsti_cufile *cf = p->cf;
+	e->gds = fsti_calloc(nf + 1, sizeof *e->gds);
+	e->gds_direct = fsti_calloc(nf + 1, sizeof *e->gds_direct);
+	if (!e->gds || !e->gds_direct)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	for (size_t i = 0; i < nf; i++) {
+		e->gds[i].fd = -1;
+		atomic_init(&e->gds[i].failed, false);
+	}
+	for (size_t i = 0; i < nf; i++) {
+		const char *path = fsti_engine_path(e, (uint32_t)i);
+		int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+		if (fd < 0)
+			fd = open(path, O_RDONLY | O_CLOEXEC); /* cuFile may still cope */
+		if (fd < 0)
+			return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", path);
+		e->gds[i].fd = fd;
+		fsti_cufile_descr d;
+		memset(&d, 0, sizeof d);
+		d.type = FSTI_CU_FILE_HANDLE_TYPE_OPAQUE_FD;
+		d.handle.fd = fd;
+		fsti_cufile_handle h = NULL;
+		fsti_cufile_error r = fsti_fault("cufile_register")
+					      ? (fsti_cufile_error){FSTI_CU_FILE_HANDLE_NOT_REGISTERED, 0}
+					      : cf->cuFileHandleRegister(&h, &d);
+		if (r.err) {
+			char code[64];
+			fsti_cufile_error_name(r.err, code, sizeof code);
+			if (on)
+				return fsti_err_backend(err, FST_EUNSUPPORTED, r.err,
+							"%s: gds=on but cuFileHandleRegister failed "
+							"with %s (probe: %s)",
+							path, code, p->reason);
+			fsti_log(FST_LOG_WARN,
+				 "%s: cuFileHandleRegister failed with %s; loading this file "
+				 "through pinned staging instead (probe: %s)",
+				 path, code, p->reason);
+			continue;
+		}
+		e->gds[i].handle = h;
+		e->gds_direct[i] = true;
+		e->gds_files++;
+	}
+	snprintf(e->gds_why, sizeof e->gds_why, "GPUDirect Storage for %zu of %zu files (%s)",
+		 e->gds_files, nf, p->reason);
+	return 0;
+}
+
+int fsti_gds_register_buffer(struct fsti_engine *e, fst_error *err)
+{
+	if (!e->gds_files)
+		return 0;
+	const struct fsti_cufile *cf = table_of(e);
+	fsti_cufile_error r = cf->cuFileBufRegister(e->buf->base, (size_t)e->buf->size, 0);
+	if (!r.err) {
+		e->gds_buffer_registered = true;
+		return 0;
+	}
+	char code[64];
+	fsti_cufile_error_name(r.err, code, sizeof code);
+	if (e->opts.gds == FST_GDS_ON)
+		return fsti_err_backend(err, FST_EDEVICE, r.err,
+					"gds=on but cuFileBufRegister of %" PRIu64
+					" bytes on cuda:%d failed with %s",
+					e->buf->size, e->device_id, code);
+	/* Any cuFile failure under auto sends the work to the staging path:
+	 * there is no partly-trusted mode. */
+	fsti_log(FST_LOG_WARN,
+		 "cuda:%d: cuFileBufRegister of %" PRIu64 " bytes failed with %s; loading every "
+		 "file through pinned staging instead",
+		 e->device_id, e->buf->size, code);
+	for (size_t i = 0; i < fst_checkpoint_file_count(e->ck); i++)
+		atomic_store(&e->gds[i].failed, true);
+	return 0;
+}
+
+bool fsti_gds_wanted(const struct fsti_engine *e, const struct fsti_chunk *c)
+{
+	return e->gds && e->gds_direct[c->file] && !atomic_load(&e->gds[c->file].failed);
+}
+
+int fsti_gds_read(struct fsti_engine *e, const struct fsti_chunk *c, fst_error *err)
+{
+	const struct fsti_cufile *cf = table_of(e);
+	struct fsti_gds_file *g = &e->gds[c->file];
+	const char *path = fsti_engine_path(e, c->file);
+	uint64_t done = 0;
+	while (done < c->len) {
+		ssize_t n = fsti_fault("cufile_read")
+				    ? -EIO
+				    : cf->cuFileRead(g->handle, e->buf->base, (size_t)(c->len - done),
+						     (off_t)(c->file_off + done),
+						     (off_t)(c->dst_off + done));
+		if (n > 0) {
+			done += (uint64_t)n; /* a short read: ask for the rest */
+			continue;
+		}
+		if (n == 0)
+			return fsti_err(err, FST_ECHANGED,
+					"%s: file ended at offset %" PRIu64 " while %" PRIu64
+					" more bytes were expected (file truncated during the load?)",
+					path, c->file_off + done, c->len - done);
+		/* n < 0: -errno, or -cuFile error code */
+		char what[96];
+		int code = (int)-n;
+		if (code >= 5000)
+			fsti_cufile_error_name(code, what, sizeof what);
+		else
+			snprintf(what, sizeof what, "%s", strerror(code));
+		if (e->opts.gds == FST_GDS_ON)
+			return fsti_err_backend(err, FST_EIO, code,
+						"%s: cuFileRead of %" PRIu64 " bytes at offset %" PRIu64
+						" failed: %s",
+						path, c->len - done, c->file_off + done, what);
+		if (!atomic_exchange(&g->failed, true))
+			fsti_log(FST_LOG_WARN,
+				 "%s: cuFileRead at offset %" PRIu64 " failed (%s); loading the "
+				 "rest of this file through pinned staging",
+				 path, c->file_off + done, what);
+		return 1;
+	}
+	return 0;
+}

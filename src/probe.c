@@ -1,0 +1,222 @@
+/*
+ * probe.c - may this device use GPUDirect Storage for real?
+ *
+ * The founding lesson: a machine can have libcufile installed, a GPU whose
+ * GPU_DIRECT_RDMA_SUPPORTED attribute reads 1, a cuFileDriverOpen that
+ * succeeds, and still no peer-to-peer DMA (no nvidia-fs: cuFile silently
+ * runs in compatibility mode, or fails every cuFileHandleRegister with
+ * 5027). So `auto` asks everything, in order, and uses cuFile only when all
+ * of it says yes; each file is then registered on its own and falls back
+ * alone. The cuFile driver is never opened where /dev/nvidia-fs* is missing
+ * (its error path there has been seen to close fd 0, and opening it creates
+ * contexts on every visible GPU), unless FST_GDS_TRY=1 asks for it to
+ * exercise the fallback.
+ */
+#include "cufile.h"
+
+#include <dlfcn.h>
+#include <glob.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEVICES 64
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fsti_gds_probe probes[MAX_DEVICES];
+static bool probed[MAX_DEVICES];
+static struct fsti_cufile table;
+static int lib_state = -1; /* -1 untried, 0 loaded, 1 failed */
+static char lib_error[300];
+static int driver_state = -1; /* -1 untried, 0 open, else the error */
+
+const char *fsti_cufile_error_name(int err, char *buf, size_t size)
+{
+	const char *name = err == FSTI_CU_FILE_HANDLE_NOT_REGISTERED ? "CU_FILE_HANDLE_NOT_REGISTERED"
+			   : err == FSTI_CU_FILE_INVALID_MAPPING_SIZE ? "CU_FILE_INVALID_MAPPING_SIZE"
+			   : err == 5001 ? "CU_FILE_DRIVER_NOT_INITIALIZED"
+			   : err == 5011 ? "CU_FILE_CUDA_DRIVER_ERROR"
+			   : "cuFile error";
+	snprintf(buf, size, "%d (%s)", err, name);
+	return buf;
+}
+
+static void load_library(void)
+{
+	const char *path = getenv("FST_CUFILE_LIBRARY");
+	if (!path || !*path)
+		path = "libcufile.so.0";
+	snprintf(table.path, sizeof table.path, "%s", path);
+	table.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!table.lib) {
+		const char *e = dlerror();
+		snprintf(lib_error, sizeof lib_error, "no cuFile library (%s)", e ? e : path);
+		lib_state = 1;
+		return;
+	}
+#define SYM(field, name)                                                                 \
+	do {                                                                             \
+		*(void **)(&table.field) = dlsym(table.lib, name);                       \
+		if (!table.field) {                                                      \
+			snprintf(lib_error, sizeof lib_error, "%s lacks %s", path, name); \
+			lib_state = 1;                                                   \
+			return;                                                          \
+		}                                                                        \
+	} while (0)
+	SYM(cuFileDriverOpen, "cuFileDriverOpen");
+	/* cuda 12+ names the close _v2; older libraries have the plain name */
+	*(void **)(&table.cuFileDriverClose) = dlsym(table.lib, "cuFileDriverClose_v2");
+	if (!table.cuFileDriverClose)
+		SYM(cuFileDriverClose, "cuFileDriverClose");
+	SYM(cuFileDriverGetProperties, "cuFileDriverGetProperties");
+	SYM(cuFileHandleRegister, "cuFileHandleRegister");
+	SYM(cuFileHandleDeregister, "cuFileHandleDeregister");
+	SYM(cuFileBufRegister, "cuFileBufRegister");
+	SYM(cuFileBufDeregister, "cuFileBufDeregister");
+	SYM(cuFileRead, "cuFileRead");
+#undef SYM
+	lib_state = 0;
+}
+
+static bool nvfs_devices_present(void)
+{
+	const char *pattern = getenv("FST_NVFS_DEVICES");
+	if (!pattern || !*pattern)
+		pattern = "/dev/nvidia-fs*";
+	glob_t g;
+	bool found = glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc > 0;
+	globfree(&g);
+	return found;
+}
+
+/* allow_compat_mode from cufile.json (which allows // comments). */
+static int compat_allowed(void)
+{
+	const char *path = getenv("CUFILE_ENV_PATH_JSON");
+	if (!path || !*path)
+		path = "/etc/cufile.json";
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	char *text = NULL;
+	size_t n = 0, cap = 0;
+	int c;
+	bool in_string = false;
+	while ((c = fgetc(f)) != EOF) {
+		if (c == '"' && (n == 0 || text[n - 1] != '\\'))
+			in_string = !in_string;
+		if (!in_string && c == '/') {
+			int d = fgetc(f);
+			if (d == '/') {
+				while ((c = fgetc(f)) != EOF && c != '\n') {
+				}
+				if (c == EOF)
+					break;
+			} else if (d != EOF) {
+				ungetc(d, f);
+			}
+		}
+		if (n + 2 > cap) {
+			cap = cap ? cap * 2 : 4096;
+			char *g = realloc(text, cap);
+			if (!g) {
+				free(text);
+				fclose(f);
+				return -1;
+			}
+			text = g;
+		}
+		text[n++] = (char)c;
+	}
+	fclose(f);
+	int result = -1;
+	json_t *root = text ? json_loadb(text, n, 0, NULL) : NULL;
+	json_t *v = root ? json_object_get(json_object_get(root, "properties"), "allow_compat_mode")
+			 : NULL;
+	if (json_is_boolean(v))
+		result = json_is_true(v);
+	json_decref(root);
+	free(text);
+	return result;
+}
+
+const struct fsti_gds_probe *fsti_gds_probe(const struct fsti_cuda *cu, int device)
+{
+	if (device < 0 || device >= MAX_DEVICES)
+		return NULL;
+	pthread_mutex_lock(&lock);
+	struct fsti_gds_probe *p = &probes[device];
+	if (probed[device]) {
+		pthread_mutex_unlock(&lock);
+		return p;
+	}
+	memset(p, 0, sizeof *p);
+	if (lib_state < 0)
+		load_library();
+	p->library = lib_state == 0;
+	CUdevice d;
+	int integrated = 0;
+	if (cu->cuDeviceGet(&d, device) == 0) {
+		cu->cuDeviceGetAttribute(&integrated, FSTI_CU_DEVICE_ATTRIBUTE_INTEGRATED, d);
+		cu->cuDeviceGetAttribute(&p->rdma, FSTI_CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED,
+					 d);
+	}
+	p->integrated = integrated != 0;
+	p->nvfs_devices = nvfs_devices_present();
+	p->compat_allowed = compat_allowed();
+	const char *try_env = getenv("FST_GDS_TRY");
+	bool try_anyway = try_env && !strcmp(try_env, "1");
+	if (p->library && (p->nvfs_devices || try_anyway)) {
+		if (driver_state < 0) {
+			driver_state = table.cuFileDriverOpen().err;
+		}
+		p->driver_opened = driver_state == 0;
+		p->driver_error = driver_state;
+		if (p->driver_opened) {
+			fsti_cufile_props props;
+			memset(&props, 0, sizeof props);
+			if (table.cuFileDriverGetProperties(&props).err == 0) {
+				p->nvfs_major = props.nvfs.major_version;
+				p->nvfs_minor = props.nvfs.minor_version;
+			}
+			p->cf = &table;
+		}
+	}
+	char code[64];
+	if (!p->library)
+		snprintf(p->reason, sizeof p->reason, "%s", lib_error);
+	else if (p->integrated)
+		snprintf(p->reason, sizeof p->reason,
+			 "cuda:%d is integrated (it shares memory with the host): GPUDirect Storage "
+			 "does not apply",
+			 device);
+	else if (p->rdma != 1)
+		snprintf(p->reason, sizeof p->reason,
+			 "cuda:%d does not support GPUDirect RDMA (GPU_DIRECT_RDMA_SUPPORTED = %d)",
+			 device, p->rdma);
+	else if (!p->nvfs_devices && !try_anyway)
+		snprintf(p->reason, sizeof p->reason,
+			 "no /dev/nvidia-fs* (the nvidia-fs module is not loaded): cuFile could "
+			 "only run in compatibility mode, so the cuFile driver was not opened");
+	else if (!p->driver_opened)
+		snprintf(p->reason, sizeof p->reason, "cuFileDriverOpen failed with %s",
+			 fsti_cufile_error_name(p->driver_error, code, sizeof code));
+	else if (!p->nvfs_major && !p->nvfs_minor)
+		snprintf(p->reason, sizeof p->reason,
+			 "cuFile reports nvidia-fs version 0.0: compatibility mode only, no "
+			 "peer-to-peer DMA%s",
+			 p->nvfs_devices ? "" : " (and no /dev/nvidia-fs*)");
+	else if (!p->nvfs_devices)
+		snprintf(p->reason, sizeof p->reason, "no /dev/nvidia-fs*");
+	else {
+		p->usable = true;
+		snprintf(p->reason, sizeof p->reason,
+			 "nvidia-fs %u.%u and GPUDirect RDMA on cuda:%d: peer-to-peer DMA available",
+			 p->nvfs_major, p->nvfs_minor, device);
+	}
+	probed[device] = true;
+	pthread_mutex_unlock(&lock);
+	return p;
+}
