@@ -497,6 +497,24 @@ FST_API int fst_cuda_device_info(int index, fst_cuda_device *out, fst_error *err
  */
 FST_API int fst_cuda_h2d_bandwidth(int index, uint64_t bytes, double *gbps, fst_error *err);
 
+/* What the GPUDirect Storage probe found for a device (docs/gds.md). */
+typedef struct fst_gds_report {
+	int library;         /* libcufile.so.0 (or FST_CUFILE_LIBRARY) loaded */
+	int integrated;      /* the GPU shares memory with the host */
+	int gpu_direct_rdma; /* CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED */
+	int nvfs_devices;    /* /dev/nvidia-fs* present */
+	int driver_opened;   /* cuFileDriverOpen was called and succeeded */
+	int driver_error;    /* its error code when it failed */
+	unsigned nvfs_major, nvfs_minor; /* from cuFileDriverGetProperties */
+	int compat_allowed;  /* cufile.json allow_compat_mode: 1, 0, -1 unknown */
+	int usable;          /* real peer-to-peer DMA: what gds=auto uses */
+	char reason[512];    /* the first reason it is not usable, or what was found */
+} fst_gds_report;
+
+/* Probe GPUDirect Storage for a device (cached per process). The cuFile
+ * driver is opened only where /dev/nvidia-fs* exists (since 0.1). */
+FST_API int fst_gds_probe(int device, fst_gds_report *out, fst_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,48 +1,14 @@
 /*
- * cufile.h - the parts of cuFile (GPUDirect Storage) libfst uses, declared
- * here (the CI machine has no cufile.h) and checked against the real header
- * by tests/gpu/check_cufile_decls.c on a GPU machine. libcufile.so.0 is
- * opened with dlopen on first use; FST_CUFILE_LIBRARY names another file.
+ * cufile.h - cuFile (GPUDirect Storage) as libfst uses it: the function
+ * table of libcufile.so.0, opened with dlopen on first use
+ * (FST_CUFILE_LIBRARY names another file), and the probe's findings.
  */
 #ifndef FST_CUFILE_H
 #define FST_CUFILE_H
 
 #include "cuda.h"
 
-#include <sys/types.h>
-
-/* CUfileError_t: returned by value. */
-typedef struct fsti_cufile_error {
-	int err;    /* CUfileOpError: 0 success, 5000 + n for cuFile errors */
-	int cu_err; /* CUresult when err says a CUDA call failed */
-} fsti_cufile_error;
-
-/* CUfileDescr_t: the descriptor is at offset 8. */
-typedef struct fsti_cufile_descr {
-	int type; /* 1: CU_FILE_HANDLE_TYPE_OPAQUE_FD */
-	union {
-		int fd;
-		void *handle;
-	} handle;
-	const void *fs_ops;
-} fsti_cufile_descr;
-
-#define FSTI_CU_FILE_HANDLE_TYPE_OPAQUE_FD 1
-#define FSTI_CU_FILE_SUCCESS 0
-#define FSTI_CU_FILE_INVALID_MAPPING_SIZE 5016
-#define FSTI_CU_FILE_HANDLE_NOT_REGISTERED 5027
-
-/* The head of CUfileDrvProps_t; the rest is room for the real struct. */
-typedef struct fsti_cufile_props {
-	struct {
-		unsigned major_version, minor_version;
-		size_t poll_thresh_size, max_direct_io_size;
-		unsigned dstatusflags, dcontrolflags;
-	} nvfs;
-	unsigned char rest[4096];
-} fsti_cufile_props;
-
-typedef void *fsti_cufile_handle;
+#include "cufile_decls.h"
 
 struct fsti_cufile {
 	void *lib;

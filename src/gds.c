@@ -177,9 +177,9 @@ int fsti_gds_read(struct fsti_engine *e, const struct fsti_chunk *c, fst_error *
 					"%s: file ended at offset %" PRIu64 " while %" PRIu64
 					" more bytes were expected (file truncated during the load?)",
 					path, c->file_off + done, c->len - done);
-		/* n < 0: -errno, or -cuFile error code */
+		/* n < 0: -1 with errno set, or minus a cuFile error code */
 		char what[96];
-		int code = (int)-n;
+		int code = n == -1 ? errno : (int)-n;
 		if (code >= 5000)
 			fsti_cufile_error_name(code, what, sizeof what);
 		else

@@ -220,3 +220,32 @@ const struct fsti_gds_probe *fsti_gds_probe(const struct fsti_cuda *cu, int devi
 	pthread_mutex_unlock(&lock);
 	return p;
 }
+
+int fst_gds_probe(int device, fst_gds_report *out, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!out)
+		return fsti_err(err, FST_EUSAGE, "fst_gds_probe: out is required");
+	memset(out, 0, sizeof *out);
+	const struct fsti_cuda *cu = fsti_cuda_load(err);
+	if (!cu)
+		return err ? err->code : FST_EDEVICE;
+	int rc = fsti_cuda_use_device(cu, device, err);
+	if (rc)
+		return rc;
+	const struct fsti_gds_probe *p = fsti_gds_probe(cu, device);
+	if (!p)
+		return fsti_err(err, FST_EUSAGE, "device %d out of range", device);
+	out->library = p->library;
+	out->integrated = p->integrated;
+	out->gpu_direct_rdma = p->rdma;
+	out->nvfs_devices = p->nvfs_devices;
+	out->driver_opened = p->driver_opened;
+	out->driver_error = p->driver_error;
+	out->nvfs_major = p->nvfs_major;
+	out->nvfs_minor = p->nvfs_minor;
+	out->compat_allowed = p->compat_allowed;
+	out->usable = p->usable;
+	snprintf(out->reason, sizeof out->reason, "%s", p->reason);
+	return 0;
+}

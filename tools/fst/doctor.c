@@ -107,14 +107,36 @@ int cmd_doctor(int argc, char **argv)
 				else if (copy_test)
 					printf("    pinned host-to-device copy failed: %s\n", why);
 			}
+			fst_gds_report g;
+			json_t *gj = json_null();
+			if (fst_gds_probe(i, &g, &err) == 0) {
+				if (!as_json) {
+					printf("    GPUDirect Storage: %s\n",
+					       g.usable ? "usable" : "not used by gds=auto");
+					printf("      libcufile: %s; /dev/nvidia-fs*: %s; driver opened: "
+					       "%s; nvidia-fs version: %u.%u; cufile.json "
+					       "allow_compat_mode: %s\n",
+					       g.library ? "yes" : "no", g.nvfs_devices ? "yes" : "no",
+					       g.driver_opened ? "yes" : "no", g.nvfs_major, g.nvfs_minor,
+					       g.compat_allowed < 0 ? "unknown" : g.compat_allowed ? "true" : "false");
+					printf("      because: %s\n", g.reason);
+				}
+				gj = json_pack("{s:b, s:b, s:b, s:b, s:i, s:i, s:i, s:i, s:b, s:s}",
+					       "library", g.library, "nvfs_devices", g.nvfs_devices,
+					       "driver_opened", g.driver_opened, "integrated",
+					       g.integrated, "gpu_direct_rdma", g.gpu_direct_rdma,
+					       "nvfs_major", (int)g.nvfs_major, "nvfs_minor",
+					       (int)g.nvfs_minor, "compat_allowed", g.compat_allowed,
+					       "usable", g.usable, "reason", g.reason);
+			}
 			json_array_append_new(
-				devs, json_pack("{s:i, s:s, s:I, s:I, s:i, s:i, s:s, s:i, s:i, s:f}",
+				devs, json_pack("{s:i, s:s, s:I, s:I, s:i, s:i, s:s, s:i, s:i, s:f, s:o}",
 						"index", i, "name", d.name, "total_memory",
 						(json_int_t)d.total_memory, "free_memory",
 						(json_int_t)d.free_memory, "integrated", d.integrated,
 						"gpu_direct_rdma", d.gpu_direct_rdma, "pci_bus_id",
 						d.pci_bus_id, "pcie_gen", d.pcie_gen, "pcie_width",
-						d.pcie_width, "pinned_h2d_gbps", gbps));
+						d.pcie_width, "pinned_h2d_gbps", gbps, "gds", gj));
 		}
 	}
 	if (!device)
