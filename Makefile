@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test demo fuzz sanitize clean
+.PHONY: all deps test demo fuzz sanitize clean python test-gpu
 
 all: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -18,6 +18,7 @@ deps:
 # of the unit tests.
 test: deps
 	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory python
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@$(MAKE) --no-print-directory sanitize
 
@@ -26,6 +27,11 @@ sanitize: deps
 	cmake -S . -B $(BUILD)-asan -G Ninja -DFST_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
 	cmake --build $(BUILD)-asan -j $(JOBS)
 	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -E '^python$$'
+
+# The Python package (pip install . builds the extension from src/).
+python: deps
+	PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check .
+	@python3 -c "import fst; print('fst', fst.__version__, 'Python package installed')"
 
 demo: deps
 	@$(MAKE) --no-print-directory all
@@ -36,6 +42,11 @@ fuzz: deps
 	cmake -S . -B $(BUILD)-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DFST_FUZZ=ON -DFST_TESTS=OFF
 	cmake --build $(BUILD)-fuzz -j $(JOBS)
 	bash tests/fuzz/run.sh $(BUILD)-fuzz $(or $(FUZZ_TIME),30)
+
+# The GPU suite: needs a GPU with its driver (skips, exit 77, elsewhere).
+test-gpu: deps
+	@$(MAKE) --no-print-directory all
+	cd $(BUILD) && ctest --output-on-failure -L gpu
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz

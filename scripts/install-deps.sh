@@ -6,7 +6,7 @@ set -euo pipefail
 
 APT_PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev
 	libjansson-dev liburing-dev libcmocka-dev libxxhash-dev python3 python3-pip valgrind)
-PY_PACKAGES=(numpy safetensors pytest)
+PY_PACKAGES=(numpy safetensors pytest ml_dtypes)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -27,8 +27,8 @@ for p in "${PY_PACKAGES[@]}"; do
 done
 if ((${#pymissing[@]})); then
 	echo "install-deps: pip installing ${pymissing[*]}"
-	"$PY" -m pip install -q --disable-pip-version-check "${pymissing[@]}" ||
-		"$PY" -m pip install -q --disable-pip-version-check --break-system-packages "${pymissing[@]}"
+	PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check "${pymissing[@]}" ||
+		PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check --break-system-packages "${pymissing[@]}"
 fi
 
 # Packages installed without their dependencies (those would pull torch): a
@@ -42,6 +42,6 @@ for p in "${PY_NODEPS_PACKAGES[@]}"; do
 done
 if ((${#ndmissing[@]})); then
 	echo "install-deps: pip installing (no deps) ${ndmissing[*]}"
-	"$PY" -m pip install -q --disable-pip-version-check --no-deps "${ndmissing[@]}" ||
-		"$PY" -m pip install -q --disable-pip-version-check --no-deps --break-system-packages "${ndmissing[@]}"
+	PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check --no-deps "${ndmissing[@]}" ||
+		PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check --no-deps --break-system-packages "${ndmissing[@]}"
 fi

@@ -169,3 +169,19 @@ int fsti_cuda_use_device(const struct fsti_cuda *cu, int device, fst_error *err)
 				      device);
 	return 0;
 }
+
+void *fsti_cuda_save(void)
+{
+	const struct fsti_cuda *cu = fsti_cuda_load(NULL);
+	CUcontext ctx = NULL;
+	if (cu)
+		cu->cuCtxGetCurrent(&ctx);
+	return ctx;
+}
+
+void fsti_cuda_restore(void *ctx)
+{
+	const struct fsti_cuda *cu = fsti_cuda_load(NULL);
+	if (cu)
+		cu->cuCtxSetCurrent((CUcontext)ctx);
+}

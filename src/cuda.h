@@ -74,6 +74,12 @@ const struct fsti_cuda *fsti_cuda_load(fst_error *err);
  * process and device, shared with PyTorch and any other user). */
 int fsti_cuda_use_device(const struct fsti_cuda *cu, int device, fst_error *err);
 
+/* The calling thread's current context, to give back with
+ * fsti_cuda_restore: public calls leave the caller's thread as they found it
+ * (PyTorch takes its current device from it). NULL when no driver is loaded. */
+void *fsti_cuda_save(void);
+void fsti_cuda_restore(void *ctx);
+
 /* "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for messages. */
 const char *fsti_cuda_error(const struct fsti_cuda *cu, CUresult r, char *buf, size_t size);
 

@@ -93,6 +93,7 @@ struct cuda_worker {
 	bool ev_made[FSTI_SLOTS];
 	char *pinned; /* the worker's slots, one pinned block */
 	const struct fsti_chunk *pending[FSTI_SLOTS];
+	bool failed[FSTI_SLOTS]; /* a copy of the slot's chunk could not be queued */
 	char *slot[FSTI_SLOTS];
 };
 
@@ -109,11 +110,13 @@ static void release_device(struct fst_buffer *b)
 	/* The last reference may be dropped on any thread: make the device's
 	 * context current here before freeing. */
 	fst_error err;
+	void *saved = fsti_cuda_save();
 	if (fsti_cuda_use_device(cu, b->device_id, &err) == 0)
 		cu->cuMemFree_v2((CUdeviceptr)(uintptr_t)b->base);
 	else
 		fsti_log(FST_LOG_ERROR, "leaking %" PRIu64 " bytes of cuda:%d memory: %s",
 			 b->size, b->device_id, err.message);
+	fsti_cuda_restore(saved);
 }
 
 static int cuda_load_init(struct fsti_engine *e, fst_error *err)
@@ -235,7 +238,11 @@ static int finish_slot(struct fsti_engine *e, struct cuda_worker *w, int s, fst_
 		return 0;
 	CUresult r = fsti_fault("event") ? 999 : cu->cuEventSynchronize(w->ev[s]);
 	const struct fsti_chunk *c = w->pending[s];
+	bool failed = w->failed[s];
 	w->pending[s] = NULL;
+	w->failed[s] = false;
+	if (failed)
+		return 0; /* waited for; never counted: its error is already reported */
 	if (r)
 		return fsti_cuda_fail(cu, r, err,
 				      "%s: copy of %" PRIu64 " bytes at offset %" PRIu64
@@ -288,8 +295,10 @@ static int cuda_deliver(struct fsti_engine *e, void *state, int s, const struct 
 	/* Record the event even after a failed copy, so waiting on the slot
 	 * covers whatever was queued before the failure. */
 	CUresult r = fsti_fault("event") ? 999 : cu->cuEventRecord(w->ev[s], w->stream);
-	if (!r)
+	if (!r) {
 		w->pending[s] = c;
+		w->failed[s] = h.r != 0;
+	}
 	if (h.r)
 		return fsti_cuda_fail(cu, h.r, err,
 				      "%s: cannot queue the copy of %" PRIu64 " bytes at offset "

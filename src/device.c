@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* "nothing saved": a CPU copy never touches the driver */
+#define NO_CONTEXT ((void *)-1)
+
 int fst_cuda_driver(int *version, int *count, char *library, size_t size, fst_error *err)
 {
 	fsti_err_clear(err);
@@ -52,7 +55,7 @@ static void pcie_link(const char *bus_id, int *gen, int *width)
 	}
 }
 
-int fst_cuda_device_info(int index, fst_cuda_device *out, fst_error *err)
+static int fst_cuda_device_info_impl(int index, fst_cuda_device *out, fst_error *err)
 {
 	fsti_err_clear(err);
 	if (!out)
@@ -92,7 +95,7 @@ int fst_cuda_device_info(int index, fst_cuda_device *out, fst_error *err)
 	return 0;
 }
 
-int fst_cuda_h2d_bandwidth(int index, uint64_t bytes, double *gbps, fst_error *err)
+static int fst_cuda_h2d_bandwidth_impl(int index, uint64_t bytes, double *gbps, fst_error *err)
 {
 	fsti_err_clear(err);
 	if (!gbps || bytes < (1u << 20))
@@ -148,8 +151,8 @@ out:
 	return rc;
 }
 
-int fst_copy_to_host(const fst_tensor_view *v, uint64_t offset, void *dst, uint64_t len,
-		     fst_error *err)
+static int fst_copy_to_host_impl(const fst_tensor_view *v, uint64_t offset, void *dst, uint64_t len,
+			   fst_error *err)
 {
 	fsti_err_clear(err);
 	if (!v || !dst || offset > v->nbytes || len > v->nbytes - offset)
@@ -171,4 +174,35 @@ int fst_copy_to_host(const fst_tensor_view *v, uint64_t offset, void *dst, uint6
 		return fsti_cuda_fail(cu, r, err, "tensor \"%s\": copy from cuda:%d failed", v->name,
 				      v->device_id);
 	return 0;
+}
+
+int fst_cuda_device_info(int index, fst_cuda_device *out, fst_error *err)
+{
+	/* leave the caller's thread on the context it had */
+	void *saved = fsti_cuda_save();
+	int rc = fst_cuda_device_info_impl(index, out, err);
+	if (saved != NO_CONTEXT)
+		fsti_cuda_restore(saved);
+	return rc;
+}
+
+int fst_cuda_h2d_bandwidth(int index, uint64_t bytes, double *gbps, fst_error *err)
+{
+	/* leave the caller's thread on the context it had */
+	void *saved = fsti_cuda_save();
+	int rc = fst_cuda_h2d_bandwidth_impl(index, bytes, gbps, err);
+	if (saved != NO_CONTEXT)
+		fsti_cuda_restore(saved);
+	return rc;
+}
+
+int fst_copy_to_host(const fst_tensor_view *v, uint64_t offset, void *dst, uint64_t len,
+		     fst_error *err)
+{
+	/* leave the caller's thread on the context it had */
+	void *saved = v && v->device_type == FST_DEVICE_CPU ? NO_CONTEXT : fsti_cuda_save();
+	int rc = fst_copy_to_host_impl(v, offset, dst, len, err);
+	if (saved != NO_CONTEXT)
+		fsti_cuda_restore(saved);
+	return rc;
 }

@@ -536,6 +536,14 @@ static void describe(struct fsti_engine *e)
 		 e->gds_why[0] ? "; " : "", e->gds_why);
 }
 
+/* Public calls leave the caller's thread on the CUDA context it had. */
+static void give_back_context(struct fsti_engine *e)
+{
+	if (e->restore_ctx)
+		fsti_cuda_restore(e->saved_ctx);
+	e->restore_ctx = false;
+}
+
 /* Every decision of a load, and its plan, without taking any memory for
  * tensors: shared by fst_load_start and fst_load_explain. */
 static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_opts *opts,
@@ -556,6 +564,10 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		/* Fail early and clearly where there is no driver or no such
 		 * device, before any memory is taken. */
 		const struct fsti_cuda *cu = fsti_cuda_load(err);
+		if (cu) {
+			e->saved_ctx = fsti_cuda_save();
+			e->restore_ctx = true;
+		}
 		rc = cu ? fsti_cuda_use_device(cu, e->device_id, err)
 			: (err ? err->code : FST_EDEVICE);
 	}
@@ -601,6 +613,7 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		describe(e);
 	*rcp = rc;
 	if (rc) {
+		give_back_context(e);
 		engine_free(e);
 		return NULL;
 	}
@@ -618,6 +631,7 @@ int fst_load_explain(const fst_checkpoint *ck, const fst_load_opts *opts, char *
 	if (!e)
 		return rc;
 	snprintf(buf, size, "%s", e->describe);
+	give_back_context(e);
 	engine_free(e);
 	return 0;
 }
@@ -658,7 +672,7 @@ int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_load
 			push_ready_locked(e, i);
 		atomic_store(&e->bytes_done, e->plan.total_bytes);
 		*out = (fst_loader *)e;
-		return 0;
+		return 0; /* mmap: no device, no context */
 	}
 
 	if (e->sink && e->sink->load_init)
@@ -695,9 +709,11 @@ int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_load
 		}
 		e->started++;
 	}
+	give_back_context(e);
 	*out = (fst_loader *)e;
 	return 0;
 fail:
+	give_back_context(e);
 	engine_free(e);
 	return rc;
 }

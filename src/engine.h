@@ -205,6 +205,8 @@ struct fsti_engine {
 	char why[160];
 	char describe[1200];
 	int device_type, device_id;
+	void *saved_ctx; /* the caller's CUDA context, given back on return */
+	bool restore_ctx;
 	/* GPUDirect Storage: the cuFile table and per-file state when used */
 	const void *cufile;
 	struct fsti_gds_file *gds;

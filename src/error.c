@@ -31,6 +31,7 @@ void fsti_err_clear(fst_error *err)
 	err->message[0] = '\0';
 }
 
+static void fill(fst_error *err, int code, const char *fmt, va_list ap) FSTI_PRINTF(3, 0);
 static void fill(fst_error *err, int code, const char *fmt, va_list ap)
 {
 	err->code = code;

@@ -103,6 +103,11 @@ static int open_from_fd(fst_file *f, fst_error *err)
 	if (S_ISDIR(st.st_mode))
 		return fsti_err(err, FST_EUSAGE, "%s: is a directory, not a safetensors file",
 				f->path);
+	if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+		return fsti_err(err, FST_EFORMAT,
+				"%s: not a regular file (a pipe, socket or device cannot be "
+				"loaded)",
+				f->path);
 	f->size = (uint64_t)st.st_size;
 	f->dev = (uint64_t)st.st_dev;
 	f->ino = (uint64_t)st.st_ino;
@@ -147,7 +152,8 @@ int fst_file_open(const char *path, fst_file **out, fst_error *err)
 	if (!f)
 		return FST_ENOMEM;
 	int fault = fsti_fault("open");
-	f->fd = fault ? (errno = fault, -1) : open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: opening a FIFO must not hang; it is refused below. */
+	f->fd = fault ? (errno = fault, -1) : open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	if (f->fd < 0) {
 		int e = errno;
 		file_free(f);

@@ -230,10 +230,12 @@ int fst_gds_probe(int device, fst_gds_report *out, fst_error *err)
 	const struct fsti_cuda *cu = fsti_cuda_load(err);
 	if (!cu)
 		return err ? err->code : FST_EDEVICE;
+	void *saved = fsti_cuda_save();
 	int rc = fsti_cuda_use_device(cu, device, err);
+	const struct fsti_gds_probe *p = rc ? NULL : fsti_gds_probe(cu, device);
+	fsti_cuda_restore(saved);
 	if (rc)
 		return rc;
-	const struct fsti_gds_probe *p = fsti_gds_probe(cu, device);
 	if (!p)
 		return fsti_err(err, FST_EUSAGE, "device %d out of range", device);
 	out->library = p->library;

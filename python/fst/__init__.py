@@ -1,0 +1,482 @@
+"""fst: load safetensors checkpoints into CPU or GPU memory, byte-exact.
+
+Zero-copy torch and numpy tensors over libfst (DLPack), with the reference
+`safetensors` API (load_file, safe_open, save_file), a streaming iterator,
+and the fastsafetensors API (SafeTensorsFileLoader, fastsafe_open). See
+docs/python.md.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
+
+from . import _fst
+
+__all__ = [
+    "SafetensorError", "FormatError", "FileError", "OutOfMemoryError", "DeviceError",
+    "UnsupportedError", "CancelledError", "FileChangedError",
+    "load_file", "load", "safe_open", "save_file", "save", "iter_tensors", "Checkpoint",
+    "SafeTensorsFileLoader", "SingleGroup", "fastsafe_open", "trim", "__version__",
+]
+
+__version__ = _fst.version()
+
+
+class SafetensorError(Exception):
+    """Any failure reported by libfst; `code` is the FST_E* status."""
+
+    def __init__(self, message: str, code: int = 0):
+        super().__init__(message)
+        self.code = code
+
+
+class UsageError(SafetensorError, ValueError):
+    """A bad argument (FST_EUSAGE)."""
+
+
+class FormatError(SafetensorError, ValueError):
+    """The input breaks a safetensors or index rule; the message names the
+    file, the tensor and the rule (FST_EFORMAT)."""
+
+
+class FileError(SafetensorError, OSError):
+    """A file could not be read (FST_EIO)."""
+
+
+class OutOfMemoryError(SafetensorError, MemoryError):
+    """Host memory could not be allocated or pinned (FST_ENOMEM)."""
+
+
+class DeviceError(SafetensorError, RuntimeError):
+    """The GPU driver or a GPU library failed (FST_EDEVICE)."""
+
+
+class UnsupportedError(SafetensorError, RuntimeError):
+    """The platform cannot do what was asked (FST_EUNSUPPORTED)."""
+
+
+class CancelledError(SafetensorError):
+    """The load was cancelled (FST_ECANCELED)."""
+
+
+class FileChangedError(SafetensorError, OSError):
+    """A file changed while it was being read (FST_ECHANGED)."""
+
+
+_fst._set_errors(SafetensorError, {
+    -1: UsageError, -2: FormatError, -3: FileError, -4: OutOfMemoryError,
+    -5: DeviceError, -6: UnsupportedError, -7: CancelledError, -9: FileChangedError,
+})
+
+_IO = {"auto": 0, "pread": 1, "uring": 2, "mmap": 3}
+_GDS = {"auto": 0, "on": 1, "off": 2}
+_DL_INT, _DL_UINT = 0, 1
+
+
+def trim() -> None:
+    """Free the pinned staging memory kept between loads."""
+    _fst.trim()
+
+
+def _device(device) -> str:
+    if device is None:
+        return "cpu"
+    if isinstance(device, int):
+        return f"cuda:{device}"
+    s = str(device)
+    return "cuda:0" if s == "cuda" else s
+
+
+def _framework(framework: str) -> str:
+    f = (framework or "pt").lower()
+    if f in ("pt", "torch", "pytorch"):
+        return "pt"
+    if f in ("np", "numpy"):
+        return "numpy"
+    raise UsageError(f"framework {framework!r}: expected 'pt' or 'numpy'", -1)
+
+
+# ---- dtypes: DLPack carries the common ones; the rest are views
+
+
+def _torch_dtypes():
+    import torch
+    names = {
+        "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+        "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+        "F8_E8M0": "float8_e8m0fnu", "U16": "uint16", "U32": "uint32", "U64": "uint64",
+    }
+    return {k: getattr(torch, v) for k, v in names.items() if hasattr(torch, v)}
+
+
+def _to_torch(t: "_fst.Tensor"):
+    import torch
+    dtype = t.dtype
+    if dtype in ("U16", "U32", "U64"):
+        wanted = _torch_dtypes().get(dtype)
+        if wanted is None:
+            raise UnsupportedError(
+                f"tensor {t.name!r}: {dtype} has no torch dtype in torch {torch.__version__}", -6)
+        bits = int(dtype[1:])
+        return torch.from_dlpack(t.reinterpret(_DL_INT, bits)).view(wanted)
+    if dtype.startswith("F8_"):
+        raw = torch.from_dlpack(t)  # uint8, same shape
+        wanted = _torch_dtypes().get(dtype)
+        return raw.view(wanted) if wanted is not None else raw
+    # F4 and F6 come as uint8 with the last dimension in bytes (docs/python.md)
+    return torch.from_dlpack(t)
+
+
+def _to_numpy(t: "_fst.Tensor"):
+    import numpy as np
+    if not t.device.startswith("cpu"):
+        raise UsageError(f"tensor {t.name!r} is on {t.device}: numpy arrays live on the CPU; "
+                         "load with device='cpu' or framework='pt'", -1)
+    dtype = t.dtype
+    if dtype == "BF16" or dtype in ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"):
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise UnsupportedError(
+                f"tensor {t.name!r}: numpy has no {dtype} dtype; install ml_dtypes or use "
+                "framework='pt'", -6) from None
+        name = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+                "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz"}[dtype]
+        bits = 16 if dtype == "BF16" else 8
+        return np.from_dlpack(t.reinterpret(_DL_UINT, bits)).view(getattr(ml_dtypes, name))
+    return np.from_dlpack(t)
+
+
+def _convert(t: "_fst.Tensor", framework: str):
+    return _to_torch(t) if framework == "pt" else _to_numpy(t)
+
+
+def _torch_allocator(device: str):
+    """Device memory from torch's caching allocator, so torch.cuda memory
+    accounting sees it."""
+    import torch
+
+    def alloc(size, align, device_type, device_id):
+        return torch.cuda.caching_allocator_alloc(size, device=device_id)
+
+    def free(ptr, size, device_type, device_id):
+        torch.cuda.caching_allocator_delete(ptr)
+
+    return (alloc, free)
+
+
+def _load_kwargs(device, framework, io, threads, staging_bytes, chunk_bytes, gds, align,
+                 names, torch_allocator):
+    dev = _device(device)
+    if io not in _IO:
+        raise UsageError(f"io={io!r}: expected one of {sorted(_IO)}", -1)
+    if gds not in _GDS:
+        raise UsageError(f"gds={gds!r}: expected one of {sorted(_GDS)}", -1)
+    kw = dict(device=dev, io=_IO[io], threads=int(threads or 0),
+              staging_bytes=int(staging_bytes or 0), chunk_bytes=int(chunk_bytes or 0),
+              gds=_GDS[gds], align=int(align or 0))
+    if names is not None:
+        kw["names"] = list(names)
+    if torch_allocator and framework == "pt" and dev.startswith("cuda"):
+        kw["allocator"] = _torch_allocator(dev)
+    return kw
+
+
+class Checkpoint:
+    """An opened checkpoint (file, directory or index): names, dtypes, shapes
+    and metadata, validated, without reading any tensor data."""
+
+    def __init__(self, path: Union[str, os.PathLike]):
+        self._ck = _fst.Checkpoint(os.fspath(path))
+        self.path = os.fspath(path)
+
+    def keys(self):
+        return self._ck.keys()
+
+    def files(self):
+        return self._ck.files()
+
+    def metadata(self, file_index: int = 0) -> Optional[Dict[str, str]]:
+        return self._ck.metadata(file_index)
+
+    def info(self, name: str):
+        """(dtype, shape, nbytes) of a tensor."""
+        i = self._ck.info(name)
+        if i is None:
+            raise KeyError(name)
+        return i[0], i[1], i[2]
+
+
+def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_bytes=0,
+         chunk_bytes=0, gds="auto", align=0, names: Optional[Iterable[str]] = None,
+         torch_allocator=True) -> Dict[str, object]:
+    """Load every tensor (or those in `names`) of a checkpoint: a dict of
+    name -> torch tensor or numpy array, zero-copy over one allocation."""
+    fw = _framework(framework)
+    ck = path if isinstance(path, Checkpoint) else Checkpoint(path)
+    kw = _load_kwargs(device, fw, io, threads, staging_bytes, chunk_bytes, gds, align, names,
+                      torch_allocator)
+    buf = _fst.load(ck._ck, **kw)
+    return {name: _convert(buf.tensor(name), fw) for name in buf.names()}
+
+
+def load_file(filename, device="cpu", framework="pt", **options) -> Dict[str, object]:
+    """Like safetensors.torch.load_file (framework='pt') or
+    safetensors.numpy.load_file (framework='numpy')."""
+    return load(filename, device, framework=framework, **options)
+
+
+class _Slice:
+    def __init__(self, owner: "safe_open", name: str):
+        self._owner, self._name = owner, name
+
+    def get_shape(self):
+        return list(self._owner._ck.info(self._name)[1])
+
+    def get_dtype(self):
+        return self._owner._ck.info(self._name)[0]
+
+    def __getitem__(self, index):
+        return self._owner.get_tensor(self._name)[index]
+
+
+class safe_open:
+    """Like safetensors.safe_open: keys(), get_tensor(), get_slice(),
+    metadata(). The first get_tensor loads the whole checkpoint with the
+    fast path onto `device`; later calls return views of it."""
+
+    def __init__(self, filename, framework="pt", device="cpu", **options):
+        self._fw = _framework(framework)
+        self._ck = Checkpoint(filename)
+        self._device = _device(device)
+        self._options = options
+        self._tensors = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._tensors = None
+        return False
+
+    def keys(self):
+        return sorted(self._ck.keys())
+
+    def offset_keys(self):
+        return self._ck.keys()
+
+    def metadata(self):
+        return self._ck.metadata()
+
+    def get_tensor(self, name: str):
+        if self._ck._ck.info(name) is None:
+            raise KeyError(name)
+        if self._tensors is None:
+            self._tensors = load(self._ck, self._device, framework=self._fw, **self._options)
+        return self._tensors[name]
+
+    def get_slice(self, name: str) -> _Slice:
+        if self._ck._ck.info(name) is None:
+            raise KeyError(name)
+        return _Slice(self, name)
+
+
+def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framework="pt",
+                 progress=False, **options) -> Iterator[Tuple[str, object]]:
+    """Yield (name, tensor) as tensors become ready, checkpoint after
+    checkpoint; with progress=True and tqdm installed, show a bar."""
+    fw = _framework(framework)
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    cks = [Checkpoint(p) for p in paths]
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+            total = 0
+            for ck in cks:
+                total += sum(ck.info(n)[2] for n in ck.keys())
+            bar = tqdm(total=total, unit="B", unit_scale=True, desc="fst")
+        except ImportError:
+            bar = None
+    try:
+        for ck in cks:
+            kw = _load_kwargs(device, fw, options.get("io", "auto"), options.get("threads", 0),
+                              options.get("staging_bytes", 0), options.get("chunk_bytes", 0),
+                              options.get("gds", "auto"), options.get("align", 0),
+                              options.get("names"), options.get("torch_allocator", True))
+            loader = _fst.start(ck._ck, **kw)
+            try:
+                while True:
+                    t = loader.next()
+                    if t is None:
+                        break
+                    if bar is not None:
+                        bar.update(t.nbytes)
+                    yield t.name, _convert(t, fw)
+                loader.finish()
+            finally:
+                loader = None
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+# ---- writing
+
+_NP_TO_ST = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+    "float16": "F16", "int32": "I32", "uint32": "U32", "float32": "F32", "int64": "I64",
+    "uint64": "U64", "float64": "F64", "complex64": "C64", "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "float8_e8m0fnu": "F8_E8M0",
+}
+
+
+def _entry(name, value):
+    """(name, dtype, shape, bytes-like) for a torch tensor or numpy array."""
+    mod = type(value).__module__
+    if mod.startswith("torch"):
+        import torch
+        t = value.detach().to("cpu").contiguous()
+        key = str(t.dtype).replace("torch.", "")
+        if key not in _NP_TO_ST:
+            raise UsageError(f"tensor {name!r}: dtype {t.dtype} cannot be saved", -1)
+        raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+        return name, _NP_TO_ST[key], tuple(t.shape), raw
+    import numpy as np
+    a = np.ascontiguousarray(value)
+    key = a.dtype.name
+    if key not in _NP_TO_ST:
+        raise UsageError(f"tensor {name!r}: dtype {a.dtype} cannot be saved", -1)
+    return name, _NP_TO_ST[key], tuple(a.shape), a.reshape(-1).view(np.uint8)
+
+
+def save_file(tensors: Dict[str, object], filename, metadata: Optional[Dict[str, str]] = None):
+    """Like safetensors' save_file: torch tensors or numpy arrays, laid out as
+    the reference writer lays them (larger element sizes first, then name)."""
+    entries = [_entry(k, v) for k, v in tensors.items()]
+    size = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4,
+            "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+    entries.sort(key=lambda e: (-size.get(e[1], 1), e[0]))
+    _fst.save(entries, metadata, os.fspath(filename))
+
+
+save = save_file
+
+
+# ---- the fastsafetensors API: switching is an import change
+
+
+class SingleGroup:
+    """A process group of one (fastsafetensors.SingleGroup)."""
+
+    def rank(self):
+        return 0
+
+    def size(self):
+        return 1
+
+
+def _group(pg):
+    if pg is None:
+        return 0, 1
+    if hasattr(pg, "rank") and hasattr(pg, "size"):
+        return pg.rank(), pg.size()
+    return 0, 1
+
+
+class FilesBufferOnDevice:
+    """The loaded files (fastsafetensors' copy_files_to_device result)."""
+
+    def __init__(self, tensors: Dict[str, object], filenames: Dict[str, str], pg):
+        self._tensors = tensors
+        self._filenames = filenames
+        self._rank, self._world = _group(pg)
+
+    def get_keys(self):
+        return list(self._tensors)
+
+    def get_filename(self, name):
+        return self._filenames[name]
+
+    def get_tensor(self, name):
+        return self._tensors[name]
+
+    def get_sharded(self, name, dim=-1):
+        """This rank's block of the tensor along dim: block size
+        ceil(size / world), as fastsafetensors cuts it."""
+        t = self._tensors[name]
+        if self._world == 1:
+            return t
+        d = dim % t.ndim
+        block = (t.shape[d] + self._world - 1) // self._world
+        start = min(self._rank * block, t.shape[d])
+        return t.narrow(d, start, min(block, t.shape[d] - start))
+
+    def close(self):
+        self._tensors = {}
+
+
+class SafeTensorsFileLoader:
+    """fastsafetensors.SafeTensorsFileLoader with the same parameter
+    meanings: nogds=True never touches cuFile, max_threads reader threads,
+    bbuf_size_kb the host staging budget."""
+
+    def __init__(self, pg=None, device="cpu", bbuf_size_kb=163840, max_threads=16,
+                 nogds=False, debug_log=False, framework="pytorch", **ignored):
+        self._pg = pg if pg is not None else SingleGroup()
+        self._device = _device(device)
+        self._options = dict(threads=max_threads, staging_bytes=int(bbuf_size_kb) * 1024,
+                             gds="off" if nogds else "auto")
+        self._framework = _framework(framework)
+        self._files: Dict[int, list] = {}
+
+    def add_filenames(self, filenames: Dict[int, Sequence[str]]):
+        for rank, files in filenames.items():
+            self._files.setdefault(rank, []).extend(os.fspath(f) for f in files)
+
+    def get_keys(self):
+        keys = []
+        for files in self._files.values():
+            for f in files:
+                keys.extend(Checkpoint(f).keys())
+        return keys
+
+    def copy_files_to_device(self, dtype=None, use_buf_register=True,
+                             max_copy_block_size=0) -> FilesBufferOnDevice:
+        tensors, owners = {}, {}
+        for files in self._files.values():
+            for f in files:
+                loaded = load(f, self._device, framework=self._framework, **self._options)
+                for k, v in loaded.items():
+                    tensors[k] = v if dtype is None else v.to(dtype)
+                    owners[k] = f
+        return FilesBufferOnDevice(tensors, owners, self._pg)
+
+    def close(self):
+        self._files = {}
+
+
+class fastsafe_open:
+    """fastsafetensors.fastsafe_open: a context manager over files."""
+
+    def __init__(self, filenames, nogds=False, device="cpu", pg=None, max_threads=16,
+                 bbuf_size_kb=163840, framework="pytorch", **ignored):
+        if isinstance(filenames, (str, os.PathLike)):
+            filenames = [filenames]
+        self._loader = SafeTensorsFileLoader(pg, device, bbuf_size_kb, max_threads, nogds,
+                                             framework=framework)
+        self._loader.add_filenames({0: list(filenames)})
+        self._buf = None
+
+    def __enter__(self):
+        self._buf = self._loader.copy_files_to_device()
+        return self._buf
+
+    def __exit__(self, *exc):
+        if self._buf is not None:
+            self._buf.close()
+        self._loader.close()
+        return False

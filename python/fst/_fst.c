@@ -1,0 +1,997 @@
+/*
+ * _fst.c - the Python extension over libfst: checkpoints, loads (blocking
+ * and streaming, the GIL released while bytes move), buffers and tensors
+ * exported zero-copy through DLPack. Framework glue (torch, numpy dtypes)
+ * lives in Python (fst/__init__.py); this file only speaks libfst.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fst.h"
+
+/* ---- DLPack (the stable ABI, version 0.x "dltensor" capsules) */
+
+typedef struct {
+	int32_t device_type;
+	int32_t device_id;
+} DLDevice;
+typedef struct {
+	uint8_t code;
+	uint8_t bits;
+	uint16_t lanes;
+} DLDataType;
+typedef struct {
+	void *data;
+	DLDevice device;
+	int32_t ndim;
+	DLDataType dtype;
+	int64_t *shape;
+	int64_t *strides;
+	uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+	DLTensor dl_tensor;
+	void *manager_ctx;
+	void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+
+enum { DL_INT = 0, DL_UINT = 1, DL_FLOAT = 2, DL_BFLOAT = 4, DL_COMPLEX = 5, DL_BOOL = 6 };
+
+static PyObject *FstError; /* fst.SafetensorError's C base: set from Python */
+static PyObject *error_classes; /* dict: status code -> exception class */
+
+static PyObject *raise_fst(int code, const fst_error *err)
+{
+	PyObject *cls = error_classes ? PyDict_GetItem(error_classes, PyLong_FromLong(code)) : NULL;
+	if (!cls)
+		cls = FstError ? FstError : PyExc_RuntimeError;
+	PyObject *args = Py_BuildValue("(si)", err && err->message[0] ? err->message
+								  : fst_strerror(code), code);
+	if (args) {
+		PyErr_SetObject(cls, args);
+		Py_DECREF(args);
+	}
+	return NULL;
+}
+
+/* ---- Checkpoint */
+
+typedef struct {
+	PyObject_HEAD
+	fst_checkpoint *ck;
+} CheckpointObject;
+
+static void Checkpoint_dealloc(CheckpointObject *self)
+{
+	fst_checkpoint_close(self->ck);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Checkpoint_init(CheckpointObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = {"path", NULL};
+	PyObject *pathobj;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&", kwlist, PyUnicode_FSConverter, &pathobj))
+		return -1;
+	fst_error err;
+	int rc;
+	const char *path = PyBytes_AS_STRING(pathobj);
+	Py_BEGIN_ALLOW_THREADS
+	rc = fst_checkpoint_open(path, &self->ck, &err);
+	Py_END_ALLOW_THREADS
+	Py_DECREF(pathobj);
+	if (rc) {
+		raise_fst(rc, &err);
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *Checkpoint_keys(CheckpointObject *self, PyObject *unused)
+{
+	(void)unused;
+	size_t n = fst_checkpoint_tensor_count(self->ck);
+	PyObject *list = PyList_New((Py_ssize_t)n);
+	for (size_t i = 0; list && i < n; i++) {
+		fst_tensor_info t;
+		fst_checkpoint_tensor(self->ck, i, &t, NULL);
+		PyList_SET_ITEM(list, (Py_ssize_t)i, PyUnicode_FromString(t.name));
+	}
+	return list;
+}
+
+static PyObject *shape_tuple(uint32_t ndim, const uint64_t *shape)
+{
+	PyObject *t = PyTuple_New(ndim);
+	for (uint32_t d = 0; t && d < ndim; d++)
+		PyTuple_SET_ITEM(t, d, PyLong_FromUnsignedLongLong(shape[d]));
+	return t;
+}
+
+/* (dtype, shape, nbytes, file index, file offset) of a tensor, or None */
+static PyObject *Checkpoint_info(CheckpointObject *self, PyObject *name)
+{
+	const char *s = PyUnicode_AsUTF8(name);
+	if (!s)
+		return NULL;
+	long i = fst_checkpoint_find(self->ck, s);
+	if (i < 0)
+		Py_RETURN_NONE;
+	fst_tensor_info t;
+	size_t fi;
+	fst_checkpoint_tensor(self->ck, (size_t)i, &t, &fi);
+	return Py_BuildValue("(sNKnK)", fst_dtype_name(t.dtype), shape_tuple(t.ndim, t.shape),
+			     (unsigned long long)t.nbytes, (Py_ssize_t)fi,
+			     (unsigned long long)t.file_offset);
+}
+
+static PyObject *Checkpoint_files(CheckpointObject *self, PyObject *unused)
+{
+	(void)unused;
+	size_t n = fst_checkpoint_file_count(self->ck);
+	PyObject *list = PyList_New((Py_ssize_t)n);
+	for (size_t i = 0; list && i < n; i++)
+		PyList_SET_ITEM(list, (Py_ssize_t)i,
+				PyUnicode_DecodeFSDefault(fst_file_path(fst_checkpoint_file(self->ck, i))));
+	return list;
+}
+
+static PyObject *Checkpoint_metadata(CheckpointObject *self, PyObject *args)
+{
+	Py_ssize_t fi = 0;
+	if (!PyArg_ParseTuple(args, "|n", &fi))
+		return NULL;
+	if (fi < 0 || (size_t)fi >= fst_checkpoint_file_count(self->ck)) {
+		PyErr_SetString(PyExc_IndexError, "file index out of range");
+		return NULL;
+	}
+	const fst_file *f = fst_checkpoint_file(self->ck, (size_t)fi);
+	if (!fst_file_metadata_count(f))
+		Py_RETURN_NONE;
+	PyObject *d = PyDict_New();
+	for (size_t i = 0; d && i < fst_file_metadata_count(f); i++) {
+		const char *k, *v;
+		fst_file_metadata(f, i, &k, &v);
+		PyObject *pv = PyUnicode_FromString(v);
+		if (!pv || PyDict_SetItemString(d, k, pv)) {
+			Py_XDECREF(pv);
+			Py_DECREF(d);
+			return NULL;
+		}
+		Py_DECREF(pv);
+	}
+	return d;
+}
+
+static PyMethodDef Checkpoint_methods[] = {
+	{"keys", (PyCFunction)Checkpoint_keys, METH_NOARGS, "tensor names, file by file"},
+	{"info", (PyCFunction)Checkpoint_info, METH_O,
+	 "(dtype, shape, nbytes, file_index, file_offset) or None"},
+	{"files", (PyCFunction)Checkpoint_files, METH_NOARGS, "the safetensors files"},
+	{"metadata", (PyCFunction)Checkpoint_metadata, METH_VARARGS,
+	 "__metadata__ of file i (default 0), or None"},
+	{NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CheckpointType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fst._fst.Checkpoint",
+	.tp_basicsize = sizeof(CheckpointObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_new = PyType_GenericNew,
+	.tp_init = (initproc)Checkpoint_init,
+	.tp_dealloc = (destructor)Checkpoint_dealloc,
+	.tp_methods = Checkpoint_methods,
+	.tp_doc = "A safetensors checkpoint: a file, a directory or an index.",
+};
+
+/* ---- Tensor: one loaded tensor; holds a reference on its buffer */
+
+typedef struct {
+	PyObject_HEAD
+	fst_tensor_view view;
+	DLDataType export_type; /* how __dlpack__ describes the bytes */
+	int64_t *export_shape;
+	int export_ndim;
+} TensorObject;
+
+static PyTypeObject TensorType;
+
+static void Tensor_dealloc(TensorObject *self)
+{
+	fst_view_release(&self->view);
+	free(self->export_shape);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The natural DLPack type of a dtype; 0 bits when DLPack has none that
+ * frameworks share (the float8/6/4 families: exported as bytes). */
+static DLDataType natural_type(fst_dtype d)
+{
+	switch (d) {
+	case FST_DTYPE_BOOL: return (DLDataType){DL_BOOL, 8, 1};
+	case FST_DTYPE_U8: return (DLDataType){DL_UINT, 8, 1};
+	case FST_DTYPE_I8: return (DLDataType){DL_INT, 8, 1};
+	case FST_DTYPE_I16: return (DLDataType){DL_INT, 16, 1};
+	case FST_DTYPE_U16: return (DLDataType){DL_UINT, 16, 1};
+	case FST_DTYPE_F16: return (DLDataType){DL_FLOAT, 16, 1};
+	case FST_DTYPE_BF16: return (DLDataType){DL_BFLOAT, 16, 1};
+	case FST_DTYPE_I32: return (DLDataType){DL_INT, 32, 1};
+	case FST_DTYPE_U32: return (DLDataType){DL_UINT, 32, 1};
+	case FST_DTYPE_F32: return (DLDataType){DL_FLOAT, 32, 1};
+	case FST_DTYPE_I64: return (DLDataType){DL_INT, 64, 1};
+	case FST_DTYPE_U64: return (DLDataType){DL_UINT, 64, 1};
+	case FST_DTYPE_F64: return (DLDataType){DL_FLOAT, 64, 1};
+	case FST_DTYPE_C64: return (DLDataType){DL_COMPLEX, 64, 1};
+	default: return (DLDataType){DL_UINT, 0, 1};
+	}
+}
+
+/* Export as `type` (code, bits): the last dimension is rescaled so the
+ * bytes stay the same; where it cannot be, the tensor is flat. */
+static int set_export(TensorObject *t, DLDataType type)
+{
+	const fst_tensor_view *v = &t->view;
+	free(t->export_shape);
+	t->export_shape = NULL;
+	t->export_type = type;
+	unsigned src_bits = fst_dtype_bits(v->dtype);
+	int ndim = (int)v->ndim;
+	t->export_shape = malloc(sizeof(int64_t) * (size_t)(ndim ? ndim : 1));
+	if (!t->export_shape) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	for (int d = 0; d < ndim; d++)
+		t->export_shape[d] = (int64_t)v->shape[d];
+	t->export_ndim = ndim;
+	if (src_bits == type.bits)
+		return 0;
+	uint64_t last = ndim ? v->shape[ndim - 1] : 1;
+	if (ndim && (last * src_bits) % type.bits == 0) {
+		t->export_shape[ndim - 1] = (int64_t)(last * src_bits / type.bits);
+		return 0;
+	}
+	if (v->nbytes * 8 % type.bits) {
+		PyErr_Format(PyExc_ValueError, "tensor \"%s\": %llu bytes are not a whole number of "
+				"%u-bit elements", v->name, (unsigned long long)v->nbytes, type.bits);
+		return -1;
+	}
+	t->export_shape[0] = (int64_t)(v->nbytes * 8 / type.bits);
+	t->export_ndim = 1;
+	return 0;
+}
+
+static PyObject *make_tensor(fst_tensor_view *view)
+{
+	TensorObject *t = PyObject_New(TensorObject, &TensorType);
+	if (!t) {
+		fst_view_release(view);
+		return NULL;
+	}
+	t->view = *view; /* takes over the view's reference */
+	t->export_shape = NULL;
+	DLDataType nat = natural_type(view->dtype);
+	if (!nat.bits)
+		nat = (DLDataType){DL_UINT, 8, 1};
+	if (set_export(t, nat)) {
+		Py_DECREF(t);
+		return NULL;
+	}
+	return (PyObject *)t;
+}
+
+struct managed {
+	DLManagedTensor m;
+	fst_tensor_view view;
+	int64_t shape[];
+};
+
+static void managed_deleter(DLManagedTensor *self)
+{
+	struct managed *mt = (struct managed *)self;
+	fst_view_release(&mt->view);
+	free(mt);
+}
+
+static void capsule_destructor(PyObject *cap)
+{
+	/* a consumer renames it "used_dltensor" when it takes ownership */
+	if (PyCapsule_IsValid(cap, "dltensor")) {
+		DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+		if (m && m->deleter)
+			m->deleter(m);
+	}
+}
+
+static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kw)
+{
+	/* stream and the rest are accepted and ignored: a tensor is handed out
+	 * only once its bytes have landed, so no stream must wait for it. */
+	static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+	PyObject *stream = NULL, *max_version = NULL, *dl_device = NULL, *copy = NULL;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOOO", kwlist, &stream, &max_version,
+					 &dl_device, &copy))
+		return NULL;
+	if (copy && copy == Py_True) {
+		PyErr_SetString(PyExc_BufferError, "fst tensors are exported without copies");
+		return NULL;
+	}
+	int nd = self->export_ndim;
+	struct managed *mt = calloc(1, sizeof *mt + sizeof(int64_t) * (size_t)(nd ? nd : 1));
+	if (!mt)
+		return PyErr_NoMemory();
+	fst_tensor_view *v = &self->view;
+	fst_buffer_retain(v->buffer);
+	mt->view = *v;
+	memcpy(mt->shape, self->export_shape, sizeof(int64_t) * (size_t)nd);
+	DLTensor *dl = &mt->m.dl_tensor;
+	dl->data = v->data;
+	dl->device.device_type = v->device_type;
+	dl->device.device_id = v->device_id;
+	dl->ndim = nd;
+	dl->dtype = self->export_type;
+	dl->shape = mt->shape;
+	dl->strides = NULL; /* row-major, compact */
+	dl->byte_offset = 0;
+	mt->m.manager_ctx = mt;
+	mt->m.deleter = managed_deleter;
+	PyObject *cap = PyCapsule_New(&mt->m, "dltensor", capsule_destructor);
+	if (!cap)
+		managed_deleter(&mt->m);
+	return cap;
+}
+
+static PyObject *Tensor_dlpack_device(TensorObject *self, PyObject *unused)
+{
+	(void)unused;
+	return Py_BuildValue("(ii)", self->view.device_type, self->view.device_id);
+}
+
+/* A tensor over the same bytes exported as another (code, bits) type. */
+static PyObject *Tensor_reinterpret(TensorObject *self, PyObject *args)
+{
+	int code, bits;
+	if (!PyArg_ParseTuple(args, "ii", &code, &bits))
+		return NULL;
+	if (bits <= 0 || bits > 128 || bits % 8) {
+		PyErr_SetString(PyExc_ValueError, "bits must be a multiple of 8");
+		return NULL;
+	}
+	fst_tensor_view v;
+	if (fst_buffer_tensor(self->view.buffer, self->view.index, &v))
+		return PyErr_Format(PyExc_RuntimeError, "tensor vanished");
+	TensorObject *t = (TensorObject *)make_tensor(&v);
+	if (t && set_export(t, (DLDataType){(uint8_t)code, (uint8_t)bits, 1})) {
+		Py_DECREF(t);
+		return NULL;
+	}
+	return (PyObject *)t;
+}
+
+/* Bytes [offset, offset + length) copied to a new bytes object. */
+static PyObject *Tensor_tobytes(TensorObject *self, PyObject *unused)
+{
+	(void)unused;
+	PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)self->view.nbytes);
+	if (!b)
+		return NULL;
+	fst_error err;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = fst_copy_to_host(&self->view, 0, PyBytes_AS_STRING(b), self->view.nbytes, &err);
+	Py_END_ALLOW_THREADS
+	if (rc) {
+		Py_DECREF(b);
+		return raise_fst(rc, &err);
+	}
+	return b;
+}
+
+static PyObject *Tensor_get_name(TensorObject *self, void *c)
+{
+	(void)c;
+	return PyUnicode_FromString(self->view.name);
+}
+static PyObject *Tensor_get_dtype(TensorObject *self, void *c)
+{
+	(void)c;
+	return PyUnicode_FromString(fst_dtype_name(self->view.dtype));
+}
+static PyObject *Tensor_get_shape(TensorObject *self, void *c)
+{
+	(void)c;
+	return shape_tuple(self->view.ndim, self->view.shape);
+}
+static PyObject *Tensor_get_nbytes(TensorObject *self, void *c)
+{
+	(void)c;
+	return PyLong_FromUnsignedLongLong(self->view.nbytes);
+}
+static PyObject *Tensor_get_device(TensorObject *self, void *c)
+{
+	(void)c;
+	if (self->view.device_type == FST_DEVICE_CPU)
+		return PyUnicode_FromString("cpu");
+	return PyUnicode_FromFormat("cuda:%d", self->view.device_id);
+}
+static PyObject *Tensor_get_ptr(TensorObject *self, void *c)
+{
+	(void)c;
+	return PyLong_FromVoidPtr(self->view.data);
+}
+
+static PyGetSetDef Tensor_getset[] = {
+	{"name", (getter)Tensor_get_name, NULL, "tensor name", NULL},
+	{"dtype", (getter)Tensor_get_dtype, NULL, "safetensors dtype, e.g. 'BF16'", NULL},
+	{"shape", (getter)Tensor_get_shape, NULL, "shape as in the file", NULL},
+	{"nbytes", (getter)Tensor_get_nbytes, NULL, "bytes", NULL},
+	{"device", (getter)Tensor_get_device, NULL, "'cpu' or 'cuda:N'", NULL},
+	{"data_ptr", (getter)Tensor_get_ptr, NULL, "address of the first byte", NULL},
+	{NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef Tensor_methods[] = {
+	{"__dlpack__", (PyCFunction)(void (*)(void))Tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
+	 "DLPack capsule (zero-copy; holds a reference on the buffer)"},
+	{"__dlpack_device__", (PyCFunction)Tensor_dlpack_device, METH_NOARGS,
+	 "(device_type, device_id)"},
+	{"reinterpret", (PyCFunction)Tensor_reinterpret, METH_VARARGS,
+	 "the same bytes exported as DLPack (code, bits)"},
+	{"tobytes", (PyCFunction)Tensor_tobytes, METH_NOARGS, "a host copy of the bytes"},
+	{NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TensorType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fst._fst.Tensor",
+	.tp_basicsize = sizeof(TensorObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_dealloc = (destructor)Tensor_dealloc,
+	.tp_methods = Tensor_methods,
+	.tp_getset = Tensor_getset,
+	.tp_doc = "A loaded tensor (zero-copy, DLPack).",
+};
+
+/* ---- load options and the allocator bridge */
+
+struct pyalloc {
+	PyObject *alloc, *free;
+};
+
+static void *py_alloc(void *ctx, uint64_t size, uint32_t align, int device_type, int device_id)
+{
+	struct pyalloc *pa = ctx;
+	PyGILState_STATE g = PyGILState_Ensure();
+	void *p = NULL;
+	PyObject *r = PyObject_CallFunction(pa->alloc, "KIii", (unsigned long long)size, align,
+					    device_type, device_id);
+	if (r) {
+		p = PyLong_AsVoidPtr(r);
+		Py_DECREF(r);
+	}
+	if (PyErr_Occurred())
+		PyErr_WriteUnraisable(pa->alloc);
+	PyGILState_Release(g);
+	return p;
+}
+
+static void py_free(void *ctx, void *ptr, uint64_t size, int device_type, int device_id)
+{
+	struct pyalloc *pa = ctx;
+	if (!Py_IsInitialized())
+		return; /* interpreter gone: the framework's memory went with it */
+	PyGILState_STATE g = PyGILState_Ensure();
+	PyObject *r = PyObject_CallFunction(pa->free, "NKii", PyLong_FromVoidPtr(ptr),
+					    (unsigned long long)size, device_type, device_id);
+	if (!r)
+		PyErr_WriteUnraisable(pa->free);
+	Py_XDECREF(r);
+	PyGILState_Release(g);
+	/* The allocator context lives as long as the buffer that uses it:
+	 * it is freed with the buffer's memory, here. */
+	Py_DECREF(pa->alloc);
+	Py_DECREF(pa->free);
+	PyGILState_Release(PyGILState_Ensure());
+	free(pa);
+}
+
+struct names {
+	PyObject *set; /* a frozenset of names, or NULL */
+};
+
+static int filter_names(void *ctx, const char *name)
+{
+	/* Called from the thread that starts the load; it holds no GIL. */
+	struct names *n = ctx;
+	PyGILState_STATE g = PyGILState_Ensure();
+	PyObject *s = PyUnicode_FromString(name);
+	int keep = s ? PySet_Contains(n->set, s) == 1 : 0;
+	Py_XDECREF(s);
+	PyErr_Clear();
+	PyGILState_Release(g);
+	return keep;
+}
+
+struct load_args {
+	fst_load_opts opts;
+	struct names names;
+	fst_allocator allocator;
+	struct pyalloc *pa;
+	char device[32];
+};
+
+static int parse_load_args(PyObject *args, PyObject *kw, CheckpointObject **ck,
+			   struct load_args *la)
+{
+	static char *kwlist[] = {"checkpoint", "device", "io", "threads", "chunk_bytes",
+				 "staging_bytes", "gds", "align", "names", "allocator", NULL};
+	const char *device = "cpu";
+	int io = 0, gds = 0;
+	unsigned threads = 0, align = 0;
+	unsigned long long chunk = 0, staging = 0;
+	PyObject *names = Py_None, *allocator = Py_None;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|siIKKiIOO", kwlist, &CheckpointType, ck,
+					 &device, &io, &threads, &chunk, &staging, &gds, &align,
+					 &names, &allocator))
+		return -1;
+	memset(la, 0, sizeof *la);
+	fst_load_opts_init(&la->opts);
+	snprintf(la->device, sizeof la->device, "%s", device);
+	la->opts.device = la->device;
+	la->opts.io = io;
+	la->opts.gds = gds;
+	la->opts.threads = threads;
+	la->opts.chunk_bytes = chunk;
+	la->opts.staging_bytes = staging;
+	la->opts.align = align;
+	if (names != Py_None) {
+		la->names.set = PyFrozenSet_New(names);
+		if (!la->names.set)
+			return -1;
+		la->opts.filter = filter_names;
+		la->opts.filter_ctx = &la->names;
+	}
+	if (allocator != Py_None) {
+		PyObject *a = NULL, *f = NULL;
+		if (!PyArg_ParseTuple(allocator, "OO;allocator must be (alloc, free)", &a, &f))
+			return -1;
+		la->pa = malloc(sizeof *la->pa);
+		if (!la->pa) {
+			PyErr_NoMemory();
+			return -1;
+		}
+		Py_INCREF(a);
+		Py_INCREF(f);
+		la->pa->alloc = a;
+		la->pa->free = f;
+		la->allocator = (fst_allocator){py_alloc, py_free, la->pa};
+		la->opts.allocator = &la->allocator;
+	}
+	return 0;
+}
+
+static void free_load_args(struct load_args *la, bool allocator_used)
+{
+	Py_XDECREF(la->names.set);
+	if (la->pa && !allocator_used) {
+		Py_DECREF(la->pa->alloc);
+		Py_DECREF(la->pa->free);
+		free(la->pa);
+	}
+}
+
+/* ---- Buffer */
+
+typedef struct {
+	PyObject_HEAD
+	fst_buffer *buf;
+} BufferObject;
+
+static void Buffer_dealloc(BufferObject *self)
+{
+	fst_buffer *b = self->buf;
+	self->buf = NULL;
+	/* the allocator bridge may need the GIL: release without holding it
+	 * is not needed, PyGILState_Ensure nests */
+	fst_buffer_release(b);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t Buffer_len(BufferObject *self)
+{
+	return (Py_ssize_t)fst_buffer_tensor_count(self->buf);
+}
+
+static PyObject *Buffer_names(BufferObject *self, PyObject *unused)
+{
+	(void)unused;
+	size_t n = fst_buffer_tensor_count(self->buf);
+	PyObject *list = PyList_New((Py_ssize_t)n);
+	for (size_t i = 0; list && i < n; i++) {
+		fst_tensor_view v;
+		fst_buffer_tensor(self->buf, i, &v);
+		PyList_SET_ITEM(list, (Py_ssize_t)i, PyUnicode_FromString(v.name));
+		fst_view_release(&v);
+	}
+	return list;
+}
+
+static PyObject *Buffer_tensor(BufferObject *self, PyObject *name)
+{
+	const char *s = PyUnicode_AsUTF8(name);
+	if (!s)
+		return NULL;
+	long i = fst_buffer_find(self->buf, s);
+	if (i < 0) {
+		PyErr_SetObject(PyExc_KeyError, name);
+		return NULL;
+	}
+	fst_tensor_view v;
+	fst_buffer_tensor(self->buf, (size_t)i, &v);
+	return make_tensor(&v);
+}
+
+static PyObject *Buffer_describe(BufferObject *self, PyObject *unused)
+{
+	(void)unused;
+	return PyUnicode_FromString(fst_buffer_describe(self->buf));
+}
+
+static PyObject *Buffer_nbytes(BufferObject *self, PyObject *unused)
+{
+	(void)unused;
+	return PyLong_FromUnsignedLongLong(fst_buffer_tensor_bytes(self->buf));
+}
+
+static PyMethodDef Buffer_methods[] = {
+	{"names", (PyCFunction)Buffer_names, METH_NOARGS, "tensor names"},
+	{"tensor", (PyCFunction)Buffer_tensor, METH_O, "the Tensor called name"},
+	{"describe", (PyCFunction)Buffer_describe, METH_NOARGS, "how the load ran and why"},
+	{"nbytes", (PyCFunction)Buffer_nbytes, METH_NOARGS, "tensor bytes"},
+	{NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods Buffer_seq = {.sq_length = (lenfunc)Buffer_len};
+
+static PyTypeObject BufferType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fst._fst.Buffer",
+	.tp_basicsize = sizeof(BufferObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_dealloc = (destructor)Buffer_dealloc,
+	.tp_methods = Buffer_methods,
+	.tp_as_sequence = &Buffer_seq,
+	.tp_doc = "The result of a load.",
+};
+
+static PyObject *wrap_buffer(fst_buffer *b)
+{
+	BufferObject *o = PyObject_New(BufferObject, &BufferType);
+	if (!o) {
+		fst_buffer_release(b);
+		return NULL;
+	}
+	o->buf = b;
+	return (PyObject *)o;
+}
+
+static PyObject *mod_load(PyObject *mod, PyObject *args, PyObject *kw)
+{
+	(void)mod;
+	CheckpointObject *ck;
+	struct load_args la;
+	if (parse_load_args(args, kw, &ck, &la)) {
+		free_load_args(&la, false);
+		return NULL;
+	}
+	fst_buffer *buf = NULL;
+	fst_error err;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = fst_load(ck->ck, &la.opts, &buf, &err);
+	Py_END_ALLOW_THREADS
+	/* on success the buffer owns the allocator bridge (freed by py_free) */
+	free_load_args(&la, rc == 0 && la.pa);
+	if (rc)
+		return raise_fst(rc, &err);
+	return wrap_buffer(buf);
+}
+
+/* ---- Loader: streaming */
+
+typedef struct {
+	PyObject_HEAD
+	fst_loader *ld;
+	PyObject *checkpoint; /* kept alive while the loader runs */
+	struct load_args la;
+	bool allocator_used;
+} LoaderObject;
+
+static void Loader_dealloc(LoaderObject *self)
+{
+	if (self->ld) {
+		fst_loader *ld = self->ld;
+		self->ld = NULL;
+		Py_BEGIN_ALLOW_THREADS
+		fst_loader_free(ld);
+		Py_END_ALLOW_THREADS
+	}
+	free_load_args(&self->la, self->allocator_used);
+	Py_XDECREF(self->checkpoint);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject LoaderType;
+
+static PyObject *mod_start(PyObject *mod, PyObject *args, PyObject *kw)
+{
+	(void)mod;
+	LoaderObject *self = PyObject_New(LoaderObject, &LoaderType);
+	if (!self)
+		return NULL;
+	self->ld = NULL;
+	self->checkpoint = NULL;
+	self->allocator_used = false;
+	CheckpointObject *ck;
+	if (parse_load_args(args, kw, &ck, &self->la)) {
+		memset(&self->la, 0, sizeof self->la);
+		Py_DECREF(self);
+		return NULL;
+	}
+	Py_INCREF(ck);
+	self->checkpoint = (PyObject *)ck;
+	fst_error err;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = fst_load_start(ck->ck, &self->la.opts, &self->ld, &err);
+	Py_END_ALLOW_THREADS
+	if (rc) {
+		Py_DECREF(self);
+		return raise_fst(rc, &err);
+	}
+	self->allocator_used = self->la.pa != NULL;
+	return (PyObject *)self;
+}
+
+/* The next ready tensor, or None when all were handed out. */
+static PyObject *Loader_next(LoaderObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (!self->ld) {
+		PyErr_SetString(PyExc_RuntimeError, "loader already finished");
+		return NULL;
+	}
+	fst_tensor_view v;
+	fst_error err;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = fst_loader_next(self->ld, &v, &err);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		return raise_fst(rc, &err);
+	if (rc == 0)
+		Py_RETURN_NONE;
+	return make_tensor(&v);
+}
+
+static PyObject *Loader_progress(LoaderObject *self, PyObject *unused)
+{
+	(void)unused;
+	uint64_t done = 0, total = 0;
+	if (self->ld)
+		fst_loader_progress(self->ld, &done, &total);
+	return Py_BuildValue("(KK)", (unsigned long long)done, (unsigned long long)total);
+}
+
+static PyObject *Loader_cancel(LoaderObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (self->ld)
+		fst_loader_cancel(self->ld);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Loader_finish(LoaderObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (!self->ld) {
+		PyErr_SetString(PyExc_RuntimeError, "loader already finished");
+		return NULL;
+	}
+	fst_loader *ld = self->ld;
+	self->ld = NULL;
+	fst_buffer *buf = NULL;
+	fst_error err;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = fst_loader_finish(ld, &buf, &err);
+	Py_END_ALLOW_THREADS
+	if (rc)
+		return raise_fst(rc, &err);
+	return wrap_buffer(buf);
+}
+
+static PyMethodDef Loader_methods[] = {
+	{"next", (PyCFunction)Loader_next, METH_NOARGS, "next ready Tensor, or None at the end"},
+	{"progress", (PyCFunction)Loader_progress, METH_NOARGS, "(bytes done, bytes total)"},
+	{"cancel", (PyCFunction)Loader_cancel, METH_NOARGS, "stop the readers"},
+	{"finish", (PyCFunction)Loader_finish, METH_NOARGS, "wait for the end; the Buffer"},
+	{NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LoaderType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fst._fst.Loader",
+	.tp_basicsize = sizeof(LoaderObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_dealloc = (destructor)Loader_dealloc,
+	.tp_methods = Loader_methods,
+	.tp_doc = "A streaming load: tensors as they become ready.",
+};
+
+/* ---- writer */
+
+static PyObject *mod_save(PyObject *mod, PyObject *args)
+{
+	(void)mod;
+	/* entries: list of (name, dtype, shape, bytes-like); metadata: dict or None */
+	PyObject *entries, *metadata, *pathobj;
+	unsigned data_align = 8;
+	if (!PyArg_ParseTuple(args, "OOO&|I", &entries, &metadata, PyUnicode_FSConverter, &pathobj,
+			      &data_align))
+		return NULL;
+	fst_writer_opts wo;
+	fst_writer_opts_init(&wo);
+	wo.data_align = data_align;
+	fst_writer *w = NULL;
+	fst_error err;
+	int rc = fst_writer_new(&wo, &w, &err);
+	PyObject *seq = NULL, *result = NULL;
+	Py_buffer *views = NULL;
+	Py_ssize_t n = 0, nviews = 0;
+	if (rc)
+		goto fail;
+	seq = PySequence_Fast(entries, "entries must be a sequence");
+	if (!seq)
+		goto out;
+	n = PySequence_Fast_GET_SIZE(seq);
+	views = calloc((size_t)(n ? n : 1), sizeof *views);
+	if (!views) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		const char *name, *dtype;
+		PyObject *shape, *data;
+		if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ssOO", &name, &dtype,
+				      &shape, &data))
+			goto out;
+		fst_dtype d = fst_dtype_from_name(dtype);
+		Py_ssize_t nd = PySequence_Length(shape);
+		if (nd < 0)
+			goto out;
+		uint64_t dims[64];
+		if (nd > 64) {
+			PyErr_SetString(PyExc_ValueError, "more than 64 dimensions");
+			goto out;
+		}
+		for (Py_ssize_t k = 0; k < nd; k++) {
+			PyObject *it = PySequence_GetItem(shape, k);
+			dims[k] = it ? PyLong_AsUnsignedLongLong(it) : 0;
+			Py_XDECREF(it);
+			if (PyErr_Occurred())
+				goto out;
+		}
+		if (PyObject_GetBuffer(data, &views[nviews], PyBUF_C_CONTIGUOUS))
+			goto out;
+		nviews++;
+		rc = fst_writer_add(w, name, d, (uint32_t)nd, dims, views[nviews - 1].buf,
+				    (uint64_t)views[nviews - 1].len, &err);
+		if (rc)
+			goto fail;
+	}
+	if (metadata != Py_None) {
+		PyObject *k, *v;
+		Py_ssize_t pos = 0;
+		if (!PyDict_Check(metadata)) {
+			PyErr_SetString(PyExc_TypeError, "metadata must be a dict of str to str");
+			goto out;
+		}
+		while (PyDict_Next(metadata, &pos, &k, &v)) {
+			const char *ks = PyUnicode_AsUTF8(k), *vs = PyUnicode_AsUTF8(v);
+			if (!ks || !vs) {
+				PyErr_SetString(PyExc_TypeError, "metadata must be a dict of str to str");
+				goto out;
+			}
+			if ((rc = fst_writer_metadata(w, ks, vs, &err)))
+				goto fail;
+		}
+	}
+	{
+		const char *path = PyBytes_AS_STRING(pathobj);
+		Py_BEGIN_ALLOW_THREADS
+		rc = fst_writer_finish(w, path, &err);
+		Py_END_ALLOW_THREADS
+	}
+	if (rc)
+		goto fail;
+	Py_INCREF(Py_None);
+	result = Py_None;
+	goto out;
+fail:
+	raise_fst(rc, &err);
+out:
+	for (Py_ssize_t i = 0; i < nviews; i++)
+		PyBuffer_Release(&views[i]);
+	free(views);
+	Py_XDECREF(seq);
+	Py_DECREF(pathobj);
+	fst_writer_free(w);
+	return result;
+}
+
+static PyObject *mod_set_errors(PyObject *mod, PyObject *args)
+{
+	(void)mod;
+	PyObject *base, *classes;
+	if (!PyArg_ParseTuple(args, "OO!", &base, &PyDict_Type, &classes))
+		return NULL;
+	Py_XSETREF(FstError, Py_NewRef(base));
+	Py_XSETREF(error_classes, Py_NewRef(classes));
+	Py_RETURN_NONE;
+}
+
+static PyObject *mod_version(PyObject *mod, PyObject *unused)
+{
+	(void)mod;
+	(void)unused;
+	return PyUnicode_FromString(fst_version());
+}
+
+static PyObject *mod_trim(PyObject *mod, PyObject *unused)
+{
+	(void)mod;
+	(void)unused;
+	fst_trim();
+	Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+	{"load", (PyCFunction)(void (*)(void))mod_load, METH_VARARGS | METH_KEYWORDS,
+	 "load(checkpoint, device='cpu', io=0, threads=0, chunk_bytes=0, staging_bytes=0, "
+	 "gds=0, align=0, names=None, allocator=None) -> Buffer"},
+	{"start", (PyCFunction)(void (*)(void))mod_start, METH_VARARGS | METH_KEYWORDS,
+	 "start(...) -> Loader: the streaming form of load"},
+	{"save", (PyCFunction)mod_save, METH_VARARGS,
+	 "save(entries, metadata, path[, data_align]): entries of (name, dtype, shape, bytes)"},
+	{"_set_errors", (PyCFunction)mod_set_errors, METH_VARARGS, "internal"},
+	{"version", (PyCFunction)mod_version, METH_NOARGS, "libfst version"},
+	{"trim", (PyCFunction)mod_trim, METH_NOARGS, "free pinned staging kept between loads"},
+	{NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+	PyModuleDef_HEAD_INIT, "fst._fst", "libfst bindings", -1, module_methods,
+	NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fst(void)
+{
+	if (PyType_Ready(&CheckpointType) || PyType_Ready(&TensorType) ||
+	    PyType_Ready(&BufferType) || PyType_Ready(&LoaderType))
+		return NULL;
+	PyObject *m = PyModule_Create(&moduledef);
+	if (!m)
+		return NULL;
+	Py_INCREF(&CheckpointType);
+	PyModule_AddObject(m, "Checkpoint", (PyObject *)&CheckpointType);
+	Py_INCREF(&TensorType);
+	PyModule_AddObject(m, "Tensor", (PyObject *)&TensorType);
+	Py_INCREF(&BufferType);
+	PyModule_AddObject(m, "Buffer", (PyObject *)&BufferType);
+	Py_INCREF(&LoaderType);
+	PyModule_AddObject(m, "Loader", (PyObject *)&LoaderType);
+	return m;
+}
