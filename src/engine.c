@@ -484,7 +484,7 @@ static void join_workers(struct fsti_engine *e)
 
 static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 {
-	char pct[48] = "";
+	char pct[96] = "";
 	switch (e->opts.io) {
 	case FST_IO_MMAP:
 		if (device_type != FST_DEVICE_CPU)
@@ -510,7 +510,12 @@ static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 				 cached * 100);
 		else
 			snprintf(pct, sizeof pct, "page-cache residency unknown");
-		e->reader = cached < 0 || cached >= 0.5 ? &fsti_reader_pread : &fsti_reader_uring;
+		bool uring = cached >= 0 && cached < 0.5;
+		if (uring && !fsti_uring_available()) {
+			uring = false;
+			snprintf(pct + strlen(pct), sizeof pct - strlen(pct), ", io_uring unavailable");
+		}
+		e->reader = uring ? &fsti_reader_uring : &fsti_reader_pread;
 		snprintf(e->why, sizeof e->why, "auto: %s", pct);
 		return 0;
 	}
@@ -657,12 +662,13 @@ int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_load
 	e->remaining = fsti_calloc(e->plan.nt + 1, sizeof *e->remaining);
 	size_t nf = fst_checkpoint_file_count(ck);
 	e->direct_fds = fsti_calloc(nf + 1, sizeof *e->direct_fds);
+	/* mark them "not opened" first: engine_free closes what is >= 0 */
+	for (size_t i = 0; e->direct_fds && i < nf; i++)
+		e->direct_fds[i] = -2;
 	if (!e->ready || !e->remaining || !e->direct_fds) {
 		rc = fsti_err(err, FST_ENOMEM, "out of memory for the loader");
 		goto fail;
 	}
-	for (size_t i = 0; i < nf; i++)
-		e->direct_fds[i] = -2; /* not opened yet */
 
 	if (e->opts.io == FST_IO_MMAP) {
 		rc = map_files(e, err);
@@ -780,6 +786,7 @@ void fst_loader_cancel(fst_loader *ld)
 /* Wait for the workers, calling progress every 100 ms. */
 static void wait_workers(struct fsti_engine *e, bool report)
 {
+	double last = fsti_now();
 	pthread_mutex_lock(&e->lock);
 	while (e->running) {
 		if (!report) {
@@ -794,6 +801,12 @@ static void wait_workers(struct fsti_engine *e, bool report)
 			ts.tv_nsec -= 1000000000;
 		}
 		pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+		/* every finished tensor wakes this thread: report at most every
+		 * 100 ms, as documented */
+		double now = fsti_now();
+		if (now - last < 0.1)
+			continue;
+		last = now;
 		pthread_mutex_unlock(&e->lock);
 		e->opts.progress(e->opts.progress_ctx, atomic_load(&e->bytes_done),
 				 e->plan.total_bytes);

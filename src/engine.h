@@ -141,6 +141,8 @@ struct fsti_reader {
 extern const struct fsti_reader fsti_reader_pread;
 extern const struct fsti_sink fsti_sink_cuda;
 extern const struct fsti_reader fsti_reader_uring;
+/* Whether io_uring can be set up here (some sandboxes forbid it); cached. */
+bool fsti_uring_available(void);
 
 /* pread until len bytes; a short file is FST_ECHANGED. */
 int fsti_pread_exact(int fd, const char *path, void *dst, uint64_t len, uint64_t off,

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const struct fsti_cufile *table_of(const struct fsti_engine *e)
@@ -92,6 +93,21 @@ int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
 		if (fd < 0)
 			return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", path);
 		e->gds[i].fd = fd;
+		/* the path may name another file by now: only the opened one may
+		 * be read */
+		const fst_file *f = fst_checkpoint_file(e->ck, i);
+		struct stat st;
+		if (fstat(fd, &st) || (uint64_t)st.st_dev != f->dev || (uint64_t)st.st_ino != f->ino) {
+			if (on)
+				return fsti_err(err, FST_ECHANGED,
+						"%s: the path now names another file than the one "
+						"opened; cuFile cannot read it",
+						path);
+			fsti_log(FST_LOG_WARN, "%s: the path now names another file than the one "
+					       "opened; loading it through pinned staging",
+				 path);
+			continue;
+		}
 		fsti_cufile_descr d;
 		memset(&d, 0, sizeof d);
 		d.type = FSTI_CU_FILE_HANDLE_TYPE_OPAQUE_FD;

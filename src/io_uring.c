@@ -280,3 +280,21 @@ const struct fsti_reader fsti_reader_uring = {
 	.wait = uring_wait,
 	.worker_fini = uring_fini,
 };
+
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+static bool uring_ok;
+
+static void probe_uring(void)
+{
+	struct io_uring ring;
+	if (io_uring_queue_init(2, &ring, 0) == 0) {
+		uring_ok = true;
+		io_uring_queue_exit(&ring);
+	}
+}
+
+bool fsti_uring_available(void)
+{
+	pthread_once(&probe_once, probe_uring);
+	return uring_ok;
+}

@@ -121,7 +121,9 @@ static uint64_t enqueue(struct stream *s, int kind, char *dst, const char *src, 
 	o->src = src;
 	o->n = n;
 	pthread_mutex_lock(&s->m);
-	o->seq = ++s->queued;
+	/* o belongs to the stream's thread once queued: it may run and free it
+	 * as soon as the lock is dropped, so its number is kept here. */
+	uint64_t seq = o->seq = ++s->queued;
 	if (s->tail)
 		s->tail->next = o;
 	else
@@ -129,7 +131,7 @@ static uint64_t enqueue(struct stream *s, int kind, char *dst, const char *src, 
 	s->tail = o;
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->m);
-	return o->seq;
+	return seq;
 }
 
 static void wait_seq(struct stream *s, uint64_t seq)
@@ -305,8 +307,11 @@ static int device_range_ok(CUdeviceptr p, size_t n)
 API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
 	size_t limit = (size_t)env_long("FST_DOUBLE_MEM", 16l << 30);
+	pthread_mutex_lock(&lock);
+	size_t u = used[current < 0 ? 0 : current];
+	pthread_mutex_unlock(&lock);
 	*total = limit;
-	*free_bytes = limit - used[current < 0 ? 0 : current];
+	*free_bytes = u < limit ? limit - u : 0;
 	return OK;
 }
 
