@@ -215,6 +215,7 @@ struct fsti_engine {
 	bool *gds_direct;   /* per file: planned for cuFile reads */
 	size_t gds_files;   /* how many files use cuFile */
 	bool gds_buffer_registered;
+	void *gds_registered_base;
 	char gds_why[700];
 };
 

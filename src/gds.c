@@ -39,8 +39,10 @@ void fsti_gds_teardown(struct fsti_engine *e)
 				close(e->gds[i].fd);
 		}
 	}
-	if (e->gds_buffer_registered && e->buf)
-		cf->cuFileBufDeregister(e->buf->base);
+	/* by the base registered: the buffer itself may have been handed to
+	 * the caller already */
+	if (e->gds_buffer_registered)
+		cf->cuFileBufDeregister(e->gds_registered_base);
 	e->gds_buffer_registered = false;
 	fsti_free(e->gds);
 	fsti_free(e->gds_direct);
@@ -87,15 +89,35 @@ int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
 	}
 	for (size_t i = 0; i < nf; i++) {
 		const char *path = fsti_engine_path(e, (uint32_t)i);
-		int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-		if (fd < 0)
-			fd = open(path, O_RDONLY | O_CLOEXEC); /* cuFile may still cope */
-		if (fd < 0)
-			return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", path);
-		e->gds[i].fd = fd;
-		/* the path may name another file by now: only the opened one may
-		 * be read */
 		const fst_file *f = fst_checkpoint_file(e->ck, i);
+		if (f->fd < 0) {
+			if (on)
+				return fsti_err(err, FST_EUNSUPPORTED,
+						"%s: gds=on but a memory image cannot be read with "
+						"cuFile",
+						path);
+			continue; /* staged */
+		}
+		/* The opened file, through /proc (the path may name another file
+		 * by now, or none: files opened from a descriptor); O_DIRECT where
+		 * the filesystem allows it. */
+		char self[64];
+		snprintf(self, sizeof self, "/proc/self/fd/%d", f->fd);
+		int fd = open(self, O_RDONLY | O_DIRECT | O_CLOEXEC);
+		if (fd < 0)
+			fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+		if (fd < 0)
+			fd = fcntl(f->fd, F_DUPFD_CLOEXEC, 0); /* cuFile may still cope */
+		if (fd < 0) {
+			if (on)
+				return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", path);
+			fsti_log(FST_LOG_WARN, "%s: cannot open it again for cuFile (%s); loading "
+					       "it through pinned staging",
+				 path, strerror(errno));
+			continue;
+		}
+		e->gds[i].fd = fd;
+		/* only the opened file may be read */
 		struct stat st;
 		if (fstat(fd, &st) || (uint64_t)st.st_dev != f->dev || (uint64_t)st.st_ino != f->ino) {
 			if (on)
@@ -147,6 +169,7 @@ int fsti_gds_register_buffer(struct fsti_engine *e, fst_error *err)
 	fsti_cufile_error r = cf->cuFileBufRegister(e->buf->base, (size_t)e->buf->size, 0);
 	if (!r.err) {
 		e->gds_buffer_registered = true;
+		e->gds_registered_base = e->buf->base;
 		return 0;
 	}
 	char code[64];

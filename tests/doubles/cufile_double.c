@@ -27,6 +27,10 @@
  *   FST_CUFILE_DOUBLE_NVFS=MAJ.MIN  nvidia-fs version in the driver
  *                                   properties (default 2.17)
  *
+ * Counters for tests: fst_cufile_double_live_handles, _live_bufs, _reads,
+ * _failed_reads, _misuse, _driver_opens, _handle_registers,
+ * _buf_registers, _bytes, _path_reads(substring) and _forget_bufs.
+ *
  * Misuse (a read with an unknown handle, outside a registered buffer, before
  * the driver is open; deregistering what is not registered) is counted, and
  * reported on stderr: tests assert fst_cufile_double_misuse() stays 0.
@@ -386,14 +390,15 @@ API ssize_t cuFileRead(void *fh, void *base, size_t size, off_t file_offset, off
 	if (fail)
 		return fail_read();
 	size_t got = 0;
+	int failed = 0;
 	while (got < want) {
 		ssize_t n = pread(fd, d + got, want - got, file_offset + (off_t)got);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0)
-			return fail_read();
-		if (n == 0)
-			break; /* end of file */
+			failed = 1;
+		if (n <= 0)
+			break; /* an error, or the end of the file */
 		got += (size_t)n;
 	}
 	if (got < want) {
@@ -401,6 +406,8 @@ API ssize_t cuFileRead(void *fh, void *base, size_t size, off_t file_offset, off
 		bytes_total -= (long)(want - got);
 		pthread_mutex_unlock(&lock);
 	}
+	if (failed && !got)
+		return fail_read();
 	return (ssize_t)got;
 }
 

@@ -901,18 +901,11 @@ static void run_faults(bool stream)
 	write_random(stream ? "faults_stream" : "faults", 41, &small_gen, &c);
 	ckpt_open(&c, c.dir);
 	static const char *const sites[] = {"device_alloc", "pin", "h2d", "event"};
-	/* Known bug (see the report): a chunk whose h2d copy failed is still
-	 * reported done, so streaming hands out a tensor of poison before the
-	 * error. FST_TEST_KNOWN_BUGS=1 runs that case anyway. */
-	bool h2d_stream_bug = stream && !getenv("FST_TEST_KNOWN_BUGS");
-	if (h2d_stream_bug)
-		print_message("h2d faults while streaming skipped (known bug; "
-			      "FST_TEST_KNOWN_BUGS=1 runs them)\n");
+	/* h2d while streaming was once a bug: a chunk whose copy failed was
+	 * still reported done, handing out a tensor of poison before the error */
 	for (int s = 0; s < 4; s++)
 		for (int io = FST_IO_PREAD; io <= FST_IO_URING; io++) {
 			if (io == FST_IO_URING && !uring_ok)
-				continue;
-			if (h2d_stream_bug && !strcmp(sites[s], "h2d"))
 				continue;
 			fault_loop(&c, sites[s], io, io == FST_IO_PREAD ? 1 : 3, stream);
 		}
@@ -1223,16 +1216,12 @@ static void test_explain(void **state)
 /* The caller's current context is its own: a load to another device, a
  * copy back, a device query or the last release must not leave the
  * caller's thread on another device's context (PyTorch reads the current
- * device from it). Known bug (see the report): libfst makes the target's
- * primary context current on the calling thread and leaves it there;
- * FST_TEST_KNOWN_BUGS=1 runs this test. */
+ * device from it). Once a bug: libfst made the target's
+ * primary context current on the calling thread and leaves it there
+ * (fixed: public calls give the context back). */
 static void test_caller_context_kept(void **state)
 {
 	(void)state;
-	if (!getenv("FST_TEST_KNOWN_BUGS")) {
-		print_message("skipped (known bug; FST_TEST_KNOWN_BUGS=1 runs it)\n");
-		skip();
-	}
 	int (*cuDevicePrimaryCtxRetain)(void **, int) = NULL;
 	int (*cuCtxSetCurrent)(void *) = NULL;
 	int (*cuCtxGetCurrent)(void **) = NULL;

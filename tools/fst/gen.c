@@ -217,9 +217,21 @@ int cmd_gen(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	const char *dir = argv[optind];
-	if (mkdir(dir, 0755) && errno != EEXIST) {
-		cli_error("gen", "%s: cannot create directory: %s", dir, strerror(errno));
-		return EXIT_IO;
+	/* like mkdir -p: parents too */
+	char part[4096];
+	snprintf(part, sizeof part, "%s", dir);
+	for (char *p = part + 1;; p++) {
+		if (*p && *p != '/')
+			continue;
+		char saved = *p;
+		*p = '\0';
+		if (mkdir(part, 0755) && errno != EEXIST) {
+			cli_error("gen", "%s: cannot create directory: %s", part, strerror(errno));
+			return EXIT_IO;
+		}
+		*p = saved;
+		if (!saved)
+			break;
 	}
 
 	struct model m = {0};
