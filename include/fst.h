@@ -515,6 +515,55 @@ typedef struct fst_gds_report {
  * driver is opened only where /dev/nvidia-fs* exists (since 0.1). */
 FST_API int fst_gds_probe(int device, fst_gds_report *out, fst_error *err);
 
+/* ------------------------------------------------------------ multi-GPU */
+
+/*
+ * Tensor-parallel loading over NCCL (libnccl.so.2, opened with dlopen;
+ * FST_NCCL_LIBRARY names another file). One process per GPU: rank 0 makes a
+ * unique id, the caller sends it to every rank (MPI, a file, or, in Python,
+ * the torch.distributed group), and each rank joins with fst_comm_init.
+ */
+#define FST_COMM_ID_BYTES 128
+
+typedef struct fst_comm fst_comm;
+
+/* A new unique id for fst_comm_init (since 0.1). */
+FST_API int fst_comm_unique_id(unsigned char id[FST_COMM_ID_BYTES], fst_error *err);
+/*
+ * Join a communicator of `world` ranks as `rank`, on CUDA device `device`.
+ * Blocks until every rank has joined. timeout_ms bounds every later
+ * collective wait (0: FST_DIST_TIMEOUT_MS from the environment, else
+ * 300000): a rank that fails or vanishes makes the others fail within it
+ * rather than hang (since 0.1).
+ */
+FST_API int fst_comm_init(int world, int rank, const unsigned char id[FST_COMM_ID_BYTES],
+			  int device, int timeout_ms, fst_comm **out, fst_error *err);
+FST_API void fst_comm_destroy(fst_comm *comm);
+FST_API int fst_comm_rank(const fst_comm *comm);
+FST_API int fst_comm_world(const fst_comm *comm);
+
+/* Dim value for fst_load_sharded: the whole tensor on every rank. */
+#define FST_REPLICATE (-1)
+
+/*
+ * Load a checkpoint across the ranks of comm, every rank calling it with the
+ * same arguments. dims[i] is for tensor i of the checkpoint's table
+ * (fst_checkpoint_tensor): FST_REPLICATE for the whole tensor on every rank,
+ * or a dimension to shard: rank r gets the block [r * b, (r + 1) * b) along
+ * it, b = ceil(size / world), as fastsafetensors cuts it (the last ranks may
+ * get less, or nothing). dims NULL replicates everything.
+ *
+ * Each byte is read from storage once in the whole group: a shard that is
+ * contiguous in the file (dim 0, or leading dimensions of size 1) is read by
+ * its rank alone, with no communication; every other tensor is read by one
+ * rank (balanced by bytes) and broadcast, and a shard along an inner
+ * dimension is then cut out by a strided device copy. The buffer's views
+ * have the shard shapes. opts->device is taken from comm. Every rank returns
+ * the same status: a rank that fails makes all fail (since 0.1).
+ */
+FST_API int fst_load_sharded(const fst_checkpoint *ckpt, const fst_load_opts *opts,
+			     fst_comm *comm, const int *dims, fst_buffer **out, fst_error *err);
+
 #ifdef __cplusplus
 }
 #endif

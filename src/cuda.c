@@ -98,6 +98,8 @@ static void load(void)
 	SYM(cuStreamCreate);
 	SYM(cuStreamDestroy_v2);
 	SYM(cuStreamSynchronize);
+	SYM(cuStreamQuery);
+	SYM(cuMemcpy2DAsync_v2);
 	SYM(cuEventCreate);
 	SYM(cuEventRecord);
 	SYM(cuEventQuery);

@@ -30,6 +30,25 @@ typedef unsigned long long CUdeviceptr;
 #define FSTI_CU_STREAM_NON_BLOCKING 0x1
 #define FSTI_CU_EVENT_DISABLE_TIMING 0x2
 #define FSTI_CU_MEMHOSTALLOC_PORTABLE 0x1
+#define FSTI_CU_MEMORYTYPE_DEVICE 0x2
+
+/* CUDA_MEMCPY2D (the _v2 layout): a strided copy, for tensor-parallel
+ * slices along inner dimensions. */
+typedef struct fsti_memcpy2d {
+	size_t srcXInBytes, srcY;
+	int srcMemoryType;
+	const void *srcHost;
+	CUdeviceptr srcDevice;
+	void *srcArray;
+	size_t srcPitch;
+	size_t dstXInBytes, dstY;
+	int dstMemoryType;
+	void *dstHost;
+	CUdeviceptr dstDevice;
+	void *dstArray;
+	size_t dstPitch;
+	size_t WidthInBytes, Height;
+} fsti_memcpy2d;
 
 /* The driver functions, by their real (versioned) symbol names. */
 struct fsti_cuda {
@@ -59,6 +78,8 @@ struct fsti_cuda {
 	CUresult (*cuStreamCreate)(CUstream *s, unsigned flags);
 	CUresult (*cuStreamDestroy_v2)(CUstream s);
 	CUresult (*cuStreamSynchronize)(CUstream s);
+	CUresult (*cuStreamQuery)(CUstream s);
+	CUresult (*cuMemcpy2DAsync_v2)(const fsti_memcpy2d *copy, CUstream s);
 	CUresult (*cuEventCreate)(CUevent *e, unsigned flags);
 	CUresult (*cuEventRecord)(CUevent e, CUstream s);
 	CUresult (*cuEventQuery)(CUevent e);

@@ -97,7 +97,7 @@ struct cuda_worker {
 	char *slot[FSTI_SLOTS];
 };
 
-static void release_device(struct fst_buffer *b)
+void fsti_cuda_release_device_buffer(struct fst_buffer *b)
 {
 	const struct fsti_cuda *cu = b->device_ctx;
 	if (b->allocator.free) {
@@ -135,11 +135,14 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 	l->cu = cu;
 	l->device = b->device_id;
 
-	/* Destination: one device allocation, or the caller's allocator. */
+	/* Destination: one device allocation, or the caller's allocator, or
+	 * memory the caller gave (tensor-parallel loads). */
 	uint64_t size = e->plan.dst_size ? e->plan.dst_size : 1;
 	const fst_allocator *a = e->opts.allocator;
 	b->device_ctx = (void *)cu;
-	if (a && a->alloc) {
+	if (b->base) {
+		/* given */
+	} else if (a && a->alloc) {
 		if (!a->free)
 			return fsti_err(err, FST_EUSAGE, "allocator: alloc given without free");
 		void *p = a->alloc(a->ctx, size, e->opts.align, FST_DEVICE_CUDA, b->device_id);
@@ -150,7 +153,7 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 		b->allocator = *a;
 		b->base = p;
 		b->size = size;
-		b->release_memory = release_device;
+		b->release_memory = fsti_cuda_release_device_buffer;
 		if ((uintptr_t)p % e->opts.align)
 			return fsti_err(err, FST_EUSAGE,
 					"allocator: returned %p, not aligned to %u bytes", p,
@@ -166,7 +169,7 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 					      b->device_id, size, e->plan.nt);
 		b->base = (void *)(uintptr_t)p;
 		b->size = size;
-		b->release_memory = release_device;
+		b->release_memory = fsti_cuda_release_device_buffer;
 		/* cuMemAlloc aligns to at least 256 bytes; a larger align needs
 		 * the caller's allocator. */
 		if (p % e->opts.align)

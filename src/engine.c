@@ -552,6 +552,7 @@ static void give_back_context(struct fsti_engine *e)
 /* Every decision of a load, and its plan, without taking any memory for
  * tensors: shared by fst_load_start and fst_load_explain. */
 static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_opts *opts,
+				     const struct fsti_plan_tensor *pieces, size_t npieces,
 				     int *rcp, fst_error *err)
 {
 	struct fsti_engine *e = fsti_calloc(1, sizeof *e);
@@ -599,12 +600,15 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		e->opts.chunk_bytes = FSTI_MAX(chunk, (uint64_t)FSTI_DIRECT_ALIGN);
 		e->slot_bytes = e->opts.chunk_bytes + 2 * FSTI_DIRECT_ALIGN;
 	}
-	if (!rc)
+	if (!rc && !pieces)
 		rc = fsti_gds_setup(e, err);
 	/* Files read with cuFile get direct extents (bytes land at their
 	 * tensors); their chunks are no larger than a landing slot, so one
 	 * whose cuFile read fails can be redone through staging as it is. */
-	if (!rc && e->gds_files)
+	if (!rc && pieces)
+		rc = fsti_plan_from_pieces(pieces, npieces, e->opts.align, e->opts.chunk_bytes, direct,
+					   &e->plan, err);
+	else if (!rc && e->gds_files)
 		rc = fsti_plan_build_mixed(ck, e->opts.filter, e->opts.filter_ctx, e->opts.align,
 					   e->opts.chunk_bytes, e->gds_direct, e->opts.chunk_bytes,
 					   &e->plan, err);
@@ -632,7 +636,7 @@ int fst_load_explain(const fst_checkpoint *ck, const fst_load_opts *opts, char *
 	if (!ck || !buf || !size)
 		return fsti_err(err, FST_EUSAGE, "fst_load_explain: checkpoint and buf are required");
 	int rc;
-	struct fsti_engine *e = configure(ck, opts, &rc, err);
+	struct fsti_engine *e = configure(ck, opts, NULL, 0, &rc, err);
 	if (!e)
 		return rc;
 	snprintf(buf, size, "%s", e->describe);
@@ -641,20 +645,30 @@ int fst_load_explain(const fst_checkpoint *ck, const fst_load_opts *opts, char *
 	return 0;
 }
 
-int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_loader **out,
-		   fst_error *err)
+/* The load; with pieces, only those, into dst (the caller's memory). */
+static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
+			const struct fsti_plan_tensor *pieces, size_t npieces, void *dst,
+			uint64_t dst_size, fst_loader **out, fst_error *err)
 {
 	fsti_err_clear(err);
 	if (!ck || !out)
 		return fsti_err(err, FST_EUSAGE, "fst_load_start: checkpoint and out are required");
 	*out = NULL;
 	int rc;
-	struct fsti_engine *e = configure(ck, opts, &rc, err);
+	struct fsti_engine *e = configure(ck, opts, pieces, npieces, &rc, err);
 	if (!e)
 		return rc;
 	rc = fsti_buffer_new(ck, &e->plan, &e->buf, err);
 	if (rc)
 		goto fail;
+	if (dst) {
+		if (e->opts.io == FST_IO_MMAP) {
+			rc = fsti_err(err, FST_EUSAGE, "io=mmap cannot load into given memory");
+			goto fail;
+		}
+		e->buf->base = dst; /* not owned: no release_memory */
+		e->buf->size = dst_size;
+	}
 	e->buf->device_type = e->device_type;
 	e->buf->device_id = e->device_id;
 	snprintf(e->buf->describe, sizeof e->buf->describe, "%s", e->describe);
@@ -683,7 +697,7 @@ int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_load
 
 	if (e->sink && e->sink->load_init)
 		rc = e->sink->load_init(e, err);
-	else
+	else if (!e->buf->base)
 		rc = alloc_host(e, err);
 	if (!rc)
 		rc = fsti_gds_register_buffer(e, err);
@@ -721,6 +735,26 @@ int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_load
 fail:
 	give_back_context(e);
 	engine_free(e);
+	return rc;
+}
+
+int fst_load_start(const fst_checkpoint *ck, const fst_load_opts *opts, fst_loader **out,
+		   fst_error *err)
+{
+	return start_engine(ck, opts, NULL, 0, NULL, 0, out, err);
+}
+
+int fsti_load_pieces(const fst_checkpoint *ck, const fst_load_opts *opts,
+		     const struct fsti_plan_tensor *pieces, size_t n, void *dst, uint64_t dst_size,
+		     fst_error *err)
+{
+	fst_loader *ld;
+	int rc = start_engine(ck, opts, pieces, n, dst, dst_size, &ld, err);
+	if (rc)
+		return rc;
+	fst_buffer *buf = NULL;
+	rc = fst_loader_finish(ld, &buf, err);
+	fst_buffer_release(buf); /* its memory is the caller's */
 	return rc;
 }
 

@@ -57,6 +57,17 @@ int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void 
 			  uint32_t align, uint64_t chunk_bytes, const bool *direct_files,
 			  uint64_t direct_chunk_bytes, struct fsti_plan *out, fst_error *err);
 
+/* A plan of arbitrary pieces (file ranges to destination offsets), in file
+ * order and not overlapping: the read phase of a tensor-parallel load. */
+int fsti_plan_from_pieces(const struct fsti_plan_tensor *pieces, size_t n, uint32_t align,
+			  uint64_t chunk_bytes, bool direct, struct fsti_plan *out, fst_error *err);
+
+/* Read pieces into dst (memory owned by the caller, on opts->device) with
+ * the usual readers and sinks, and wait for the end (engine.c). */
+int fsti_load_pieces(const fst_checkpoint *ck, const fst_load_opts *opts,
+		     const struct fsti_plan_tensor *pieces, size_t n, void *dst, uint64_t dst_size,
+		     fst_error *err);
+
 /* Call fn for each piece of chunk c that belongs to one tensor: the piece
  * starts at byte `at` of the chunk and at byte dst_off of the destination. */
 typedef int (*fsti_piece_fn)(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len);
@@ -140,6 +151,8 @@ struct fsti_reader {
 
 extern const struct fsti_reader fsti_reader_pread;
 extern const struct fsti_sink fsti_sink_cuda;
+/* release_memory of device buffers (cuMemFree or the caller's allocator). */
+void fsti_cuda_release_device_buffer(struct fst_buffer *b);
 extern const struct fsti_reader fsti_reader_uring;
 /* Whether io_uring can be set up here (some sandboxes forbid it); cached. */
 bool fsti_uring_available(void);

@@ -102,6 +102,9 @@ int fsti_plan_build(const fst_checkpoint *ck, fsti_filter_fn filter, void *filte
 				     direct ? PLAN_ALL_DIRECT : NULL, chunk_bytes, out, err);
 }
 
+static int cut_chunks(struct fsti_plan *out, uint64_t chunk_bytes, const bool *direct_files,
+		      uint64_t direct_chunk_bytes, fst_error *err);
+
 int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
 			  uint32_t align, uint64_t chunk_bytes, const bool *direct_files,
 			  uint64_t direct_chunk_bytes, struct fsti_plan *out, fst_error *err)
@@ -134,7 +137,13 @@ int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void 
 		out->total_bytes += info.nbytes;
 	}
 	out->dst_size = cursor;
+	return cut_chunks(out, chunk_bytes, direct_files, direct_chunk_bytes, err);
+}
 
+/* Extents and chunks of the pieces in out->t (in file order). */
+static int cut_chunks(struct fsti_plan *out, uint64_t chunk_bytes, const bool *direct_files,
+		      uint64_t direct_chunk_bytes, fst_error *err)
+{
 	size_t cap = 0;
 	size_t first = SIZE_MAX;
 	for (size_t i = 0; i < out->nt; i++) {
@@ -173,4 +182,28 @@ int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void 
 nomem:
 	fsti_plan_free(out);
 	return fsti_err(err, FST_ENOMEM, "out of memory for the plan");
+}
+
+int fsti_plan_from_pieces(const struct fsti_plan_tensor *pieces, size_t n, uint32_t align,
+			  uint64_t chunk_bytes, bool direct, struct fsti_plan *out, fst_error *err)
+{
+	memset(out, 0, sizeof *out);
+	if (!chunk_bytes)
+		return fsti_err(err, FST_EUSAGE, "chunk size must be positive");
+	out->align = align;
+	out->t = fsti_calloc(n + 1, sizeof *out->t);
+	if (!out->t)
+		return fsti_err(err, FST_ENOMEM, "out of memory for the plan");
+	for (size_t i = 0; i < n; i++) {
+		if (i && (pieces[i].file < pieces[i - 1].file ||
+			  (pieces[i].file == pieces[i - 1].file &&
+			   pieces[i].file_off < pieces[i - 1].file_off + pieces[i - 1].nbytes))) {
+			fsti_plan_free(out);
+			return fsti_err(err, FST_EUSAGE, "internal: pieces out of file order");
+		}
+		out->t[out->nt++] = pieces[i];
+		out->total_bytes += pieces[i].nbytes;
+		out->dst_size = FSTI_MAX(out->dst_size, pieces[i].dst_off + pieces[i].nbytes);
+	}
+	return cut_chunks(out, chunk_bytes, direct ? PLAN_ALL_DIRECT : NULL, chunk_bytes, err);
 }

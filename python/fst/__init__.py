@@ -8,6 +8,7 @@ docs/python.md.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
 from . import _fst
@@ -17,6 +18,7 @@ __all__ = [
     "UnsupportedError", "CancelledError", "FileChangedError",
     "load_file", "load", "safe_open", "save_file", "save", "iter_tensors", "Checkpoint",
     "SafeTensorsFileLoader", "SingleGroup", "fastsafe_open", "trim", "__version__",
+    "Comm", "load_sharded",
 ]
 
 __version__ = _fst.version()
@@ -147,6 +149,14 @@ def _to_numpy(t: "_fst.Tensor"):
     return np.from_dlpack(t)
 
 
+def _check_target(device: str, framework: str) -> None:
+    """numpy arrays live in host memory: refuse a GPU target before any byte
+    is read (and before any GPU memory is taken)."""
+    if framework == "numpy" and device.startswith("cuda"):
+        raise UsageError(f"device {device!r} with framework='numpy': numpy arrays live on the "
+                         "CPU; load with device='cpu' or framework='pt'", -1)
+
+
 def _convert(t: "_fst.Tensor", framework: str):
     return _to_torch(t) if framework == "pt" else _to_numpy(t)
 
@@ -168,6 +178,7 @@ def _torch_allocator(device: str):
 def _load_kwargs(device, framework, io, threads, staging_bytes, chunk_bytes, gds, align,
                  names, torch_allocator):
     dev = _device(device)
+    _check_target(dev, framework)
     if io not in _IO:
         raise UsageError(f"io={io!r}: expected one of {sorted(_IO)}", -1)
     if gds not in _GDS:
@@ -213,9 +224,9 @@ def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_by
     """Load every tensor (or those in `names`) of a checkpoint: a dict of
     name -> torch tensor or numpy array, zero-copy over one allocation."""
     fw = _framework(framework)
-    ck = path if isinstance(path, Checkpoint) else Checkpoint(path)
     kw = _load_kwargs(device, fw, io, threads, staging_bytes, chunk_bytes, gds, align, names,
                       torch_allocator)
+    ck = path if isinstance(path, Checkpoint) else Checkpoint(path)
     buf = _fst.load(ck._ck, **kw)
     return {name: _convert(buf.tensor(name), fw) for name in buf.names()}
 
@@ -247,8 +258,9 @@ class safe_open:
 
     def __init__(self, filename, framework="pt", device="cpu", **options):
         self._fw = _framework(framework)
-        self._ck = Checkpoint(filename)
         self._device = _device(device)
+        _check_target(self._device, self._fw)
+        self._ck = Checkpoint(filename)
         self._options = options
         self._tensors = None
 
@@ -286,6 +298,7 @@ def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framewo
     """Yield (name, tensor) as tensors become ready, checkpoint after
     checkpoint; with progress=True and tqdm installed, show a bar."""
     fw = _framework(framework)
+    _check_target(_device(device), fw)
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     cks = [Checkpoint(p) for p in paths]
@@ -293,9 +306,11 @@ def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framewo
     if progress:
         try:
             from tqdm import tqdm
+            wanted = options.get("names")
+            wanted = None if wanted is None else set(wanted)
             total = 0
             for ck in cks:
-                total += sum(ck.info(n)[2] for n in ck.keys())
+                total += sum(ck.info(n)[2] for n in ck.keys() if wanted is None or n in wanted)
             bar = tqdm(total=total, unit="B", unit_scale=True, desc="fst")
         except ImportError:
             bar = None
@@ -346,10 +361,16 @@ def _entry(name, value):
         raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
         return name, _NP_TO_ST[key], tuple(t.shape), raw
     import numpy as np
-    a = np.ascontiguousarray(value)
+    # np.asarray keeps 0-d arrays 0-d (np.ascontiguousarray would make them
+    # shape (1,)); the file is little-endian whatever the array's byte order.
+    a = np.asarray(value)
     key = a.dtype.name
     if key not in _NP_TO_ST:
         raise UsageError(f"tensor {name!r}: dtype {a.dtype} cannot be saved", -1)
+    if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
+        a = a.astype(a.dtype.newbyteorder("<"))
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a).reshape(a.shape)
     return name, _NP_TO_ST[key], tuple(a.shape), a.reshape(-1).view(np.uint8)
 
 
@@ -382,38 +403,69 @@ class SingleGroup:
 def _group(pg):
     if pg is None:
         return 0, 1
+    if isinstance(pg, type):  # SingleGroup passed as the class, as old examples do
+        pg = pg()
     if hasattr(pg, "rank") and hasattr(pg, "size"):
         return pg.rank(), pg.size()
     return 0, 1
 
 
+def _convert_to(t, device=None, dtype=None):
+    """fastsafetensors' optional device/dtype conversion of a returned tensor."""
+    if device is None and dtype is None:
+        return t
+    if hasattr(t, "to"):  # torch
+        return t.to(device=None if device is None else _device(device), dtype=dtype)
+    if device is not None and _device(device) != "cpu":
+        raise UsageError(f"device {device!r}: numpy arrays live on the CPU", -1)
+    return t if dtype is None else t.astype(dtype)
+
+
 class FilesBufferOnDevice:
     """The loaded files (fastsafetensors' copy_files_to_device result)."""
 
-    def __init__(self, tensors: Dict[str, object], filenames: Dict[str, str], pg):
+    def __init__(self, tensors: Dict[str, object], filenames: Dict[str, str], pg,
+                 key_to_rank_lidx: Optional[Dict[str, Tuple[int, int]]] = None,
+                 shapes: Optional[Dict[str, list]] = None):
         self._tensors = tensors
         self._filenames = filenames
         self._rank, self._world = _group(pg)
+        # name -> (rank, index of the file in that rank's list), as
+        # fastsafetensors keeps it (vLLM iterates fb.key_to_rank_lidx)
+        self.key_to_rank_lidx = dict(key_to_rank_lidx or {k: (0, 0) for k in tensors})
+        self._shapes = shapes or {}
 
     def get_keys(self):
         return list(self._tensors)
 
-    def get_filename(self, name):
-        return self._filenames[name]
+    def get_filename(self, tensor_name):
+        """The file holding the tensor; "" for an unknown name, as in
+        fastsafetensors."""
+        return self._filenames.get(tensor_name, "")
 
-    def get_tensor(self, name):
-        return self._tensors[name]
+    def get_shape(self, tensor_name):
+        if tensor_name not in self._tensors:
+            raise ValueError(f"get_shape: key {tensor_name} was not found in files")
+        return list(self._shapes.get(tensor_name, self._tensors[tensor_name].shape))
 
-    def get_sharded(self, name, dim=-1):
+    def get_tensor(self, tensor_name, device=None, dtype=None):
+        return _convert_to(self._tensors[tensor_name], device, dtype)
+
+    def get_sharded(self, tensor_name, dim=-1, device=None, dtype=None):
         """This rank's block of the tensor along dim: block size
-        ceil(size / world), as fastsafetensors cuts it."""
-        t = self._tensors[name]
-        if self._world == 1:
-            return t
+        ceil(size / world), as fastsafetensors cuts it (the last rank's
+        block may be shorter, or empty). dim=-1 means the whole tensor on
+        every rank (fastsafetensors' broadcast), other negative dims count
+        from the end. Works for torch tensors and numpy arrays."""
+        t = self._tensors[tensor_name]
+        if self._world == 1 or dim == -1 or t.ndim == 0:
+            return _convert_to(t, device, dtype)
         d = dim % t.ndim
-        block = (t.shape[d] + self._world - 1) // self._world
-        start = min(self._rank * block, t.shape[d])
-        return t.narrow(d, start, min(block, t.shape[d] - start))
+        size = t.shape[d]
+        block = (size + self._world - 1) // self._world
+        start = min(self._rank * block, size)
+        index = (slice(None),) * d + (slice(start, min(start + block, size)),)
+        return _convert_to(t[index], device, dtype)
 
     def close(self):
         self._tensors = {}
@@ -422,61 +474,152 @@ class FilesBufferOnDevice:
 class SafeTensorsFileLoader:
     """fastsafetensors.SafeTensorsFileLoader with the same parameter
     meanings: nogds=True never touches cuFile, max_threads reader threads,
-    bbuf_size_kb the host staging budget."""
+    bbuf_size_kb the host staging budget. Every rank loads every file added
+    (see docs/python.md: the NCCL distribution is not there yet)."""
 
     def __init__(self, pg=None, device="cpu", bbuf_size_kb=163840, max_threads=16,
-                 nogds=False, debug_log=False, framework="pytorch", **ignored):
-        self._pg = pg if pg is not None else SingleGroup()
+                 nogds=False, set_numa=True, disable_cache=True, debug_log=False,
+                 framework="pytorch", **ignored):
+        self.pg = pg if pg is not None else SingleGroup()
         self._device = _device(device)
         self._options = dict(threads=max_threads, staging_bytes=int(bbuf_size_kb) * 1024,
                              gds="off" if nogds else "auto")
         self._framework = _framework(framework)
+        _check_target(self._device, self._framework)
         self._files: Dict[int, list] = {}
 
     def add_filenames(self, filenames: Dict[int, Sequence[str]]):
-        for rank, files in filenames.items():
+        for rank, files in sorted(filenames.items(), key=lambda kv: kv[0]):
+            if isinstance(files, (str, os.PathLike)):
+                files = [files]
             self._files.setdefault(rank, []).extend(os.fspath(f) for f in files)
+
+    def reset(self):
+        """Forget the files added, to reuse the loader for others."""
+        self._files = {}
+
+    def _checkpoints(self):
+        for rank, files in sorted(self._files.items(), key=lambda kv: kv[0]):
+            for lidx, f in enumerate(files):
+                yield rank, lidx, f, Checkpoint(f)
 
     def get_keys(self):
         keys = []
-        for files in self._files.values():
-            for f in files:
-                keys.extend(Checkpoint(f).keys())
+        for _, _, _, ck in self._checkpoints():
+            keys.extend(ck.keys())
         return keys
+
+    def get_shape(self, tensor_name):
+        for _, _, _, ck in self._checkpoints():
+            i = ck._ck.info(tensor_name)
+            if i is not None:
+                return list(i[1])
+        raise KeyError(tensor_name)
 
     def copy_files_to_device(self, dtype=None, use_buf_register=True,
                              max_copy_block_size=0) -> FilesBufferOnDevice:
-        tensors, owners = {}, {}
-        for files in self._files.values():
-            for f in files:
-                loaded = load(f, self._device, framework=self._framework, **self._options)
-                for k, v in loaded.items():
-                    tensors[k] = v if dtype is None else v.to(dtype)
-                    owners[k] = f
-        return FilesBufferOnDevice(tensors, owners, self._pg)
+        tensors, owners, where, shapes = {}, {}, {}, {}
+        for rank, lidx, f, ck in self._checkpoints():
+            for k in ck.keys():
+                if k in where:
+                    raise UsageError(f"FilesBufferOnDevice: key {k} must be unique among files "
+                                     f"({owners[k]} and {f})", -1)
+                where[k], owners[k] = (rank, lidx), f
+                shapes[k] = list(ck.info(k)[1])
+            loaded = load(ck, self._device, framework=self._framework, **self._options)
+            for k, v in loaded.items():
+                tensors[k] = _convert_to(v, None, dtype)
+        return FilesBufferOnDevice(tensors, owners, self.pg, where, shapes)
 
     def close(self):
         self._files = {}
 
 
 class fastsafe_open:
-    """fastsafetensors.fastsafe_open: a context manager over files."""
+    """fastsafetensors.fastsafe_open: a context manager over one file, a
+    list of files or a {rank: files} map, with keys(), get_tensor() and
+    metadata() ({filename: metadata}); the buffer's other methods
+    (get_sharded, get_filename, ...) are reachable on it too."""
 
-    def __init__(self, filenames, nogds=False, device="cpu", pg=None, max_threads=16,
-                 bbuf_size_kb=163840, framework="pytorch", **ignored):
+    def __init__(self, filenames, framework="pt", pg=None, device="cpu", nogds=False,
+                 debug_log=False, max_copy_block_size=0, *, max_threads=16,
+                 bbuf_size_kb=163840, **ignored):
         if isinstance(filenames, (str, os.PathLike)):
-            filenames = [filenames]
-        self._loader = SafeTensorsFileLoader(pg, device, bbuf_size_kb, max_threads, nogds,
-                                             framework=framework)
-        self._loader.add_filenames({0: list(filenames)})
-        self._buf = None
+            filenames = {0: [filenames]}
+        elif not isinstance(filenames, dict):
+            filenames = {0: list(filenames)}
+        self.loader = SafeTensorsFileLoader(pg, device, bbuf_size_kb, max_threads, nogds,
+                                            framework=framework)
+        self.loader.add_filenames(filenames)
+        self.fb = self.loader.copy_files_to_device()
+
+    def metadata(self) -> Dict[str, Optional[Dict[str, str]]]:
+        return {f: ck.metadata() for _, _, f, ck in self.loader._checkpoints()}
+
+    def keys(self):
+        return list(self.fb.key_to_rank_lidx)
+
+    def get_keys(self):
+        return self.keys()
+
+    def get_tensor(self, name):
+        return self.fb.get_tensor(name)
+
+    def __getattr__(self, attr):
+        fb = self.__dict__.get("fb")
+        if fb is None:
+            raise AttributeError(attr)
+        return getattr(fb, attr)
 
     def __enter__(self):
-        self._buf = self._loader.copy_files_to_device()
-        return self._buf
+        return self
 
     def __exit__(self, *exc):
-        if self._buf is not None:
-            self._buf.close()
-        self._loader.close()
+        self.fb.close()
+        self.loader.close()
         return False
+
+
+# ---- tensor parallelism over NCCL
+
+
+class Comm:
+    """An NCCL communicator for tensor-parallel loads, made over an existing
+    torch.distributed process group (any backend): rank 0 makes the NCCL id
+    and the group carries it, so no second rendezvous is needed."""
+
+    def __init__(self, group=None, device=None, timeout_ms: int = 0):
+        import torch
+        import torch.distributed as dist
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        box = [_fst.comm_unique_id() if self.rank == 0 else None]
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(box, src=src, group=group)
+        if device is None:
+            device = torch.cuda.current_device()
+        self.device = int(str(device).split(":")[-1]) if not isinstance(device, int) else device
+        self._comm = _fst.Comm(self.world, self.rank, box[0], self.device, timeout_ms)
+
+
+def load_sharded(path, comm: Comm, dims: Optional[Dict[str, Optional[int]]] = None,
+                 framework="pt", io="auto", threads=0, staging_bytes=0,
+                 stats: Optional[dict] = None) -> Dict[str, object]:
+    """Load a checkpoint across the ranks of `comm`, each byte read from
+    storage once in the group. dims maps a tensor name to the dimension to
+    shard (rank r gets block r of ceil(size / world)), or None to replicate;
+    names not in dims are replicated. Every rank must call it alike. A dict
+    passed as stats receives "describe" (with the bytes this rank read from
+    storage) and "bytes" (this rank's tensor bytes)."""
+    fw = _framework(framework)
+    ck = path if isinstance(path, Checkpoint) else Checkpoint(path)
+    dims = dims or {}
+    table = [(-1 if dims.get(n) is None else int(dims[n])) for n in ck.keys()]
+    if io not in _IO:
+        raise UsageError(f"io={io!r}: expected one of {sorted(_IO)}", -1)
+    buf = _fst.load_sharded(ck._ck, comm._comm, table, io=_IO[io], threads=int(threads or 0),
+                            staging_bytes=int(staging_bytes or 0))
+    if stats is not None:
+        stats["describe"] = buf.describe()  # says the bytes this rank read
+        stats["bytes"] = buf.nbytes()
+    return {name: _convert(buf.tensor(name), fw) for name in buf.names()}

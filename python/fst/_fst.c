@@ -40,6 +40,21 @@ typedef struct DLManagedTensor {
 	void (*deleter)(struct DLManagedTensor *self);
 } DLManagedTensor;
 
+/* DLPack 1.x: what __dlpack__(max_version=(1, ...)) hands out, so that
+ * consumers (numpy >= 2.1) see the read-only flag instead of assuming it. */
+typedef struct {
+	uint32_t major;
+	uint32_t minor;
+} DLPackVersion;
+typedef struct DLManagedTensorVersioned {
+	DLPackVersion version;
+	void *manager_ctx;
+	void (*deleter)(struct DLManagedTensorVersioned *self);
+	uint64_t flags;
+	DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+#define DLPACK_FLAG_BITMASK_READ_ONLY (1ull << 0)
+
 enum { DL_INT = 0, DL_UINT = 1, DL_FLOAT = 2, DL_BFLOAT = 4, DL_COMPLEX = 5, DL_BOOL = 6 };
 
 static PyObject *FstError; /* fst.SafetensorError's C base: set from Python */
@@ -47,7 +62,12 @@ static PyObject *error_classes; /* dict: status code -> exception class */
 
 static PyObject *raise_fst(int code, const fst_error *err)
 {
-	PyObject *cls = error_classes ? PyDict_GetItem(error_classes, PyLong_FromLong(code)) : NULL;
+	PyObject *cls = NULL;
+	if (error_classes) {
+		PyObject *key = PyLong_FromLong(code);
+		cls = key ? PyDict_GetItem(error_classes, key) : NULL; /* borrowed */
+		Py_XDECREF(key);
+	}
 	if (!cls)
 		cls = FstError ? FstError : PyExc_RuntimeError;
 	PyObject *args = Py_BuildValue("(si)", err && err->message[0] ? err->message
@@ -291,9 +311,22 @@ struct managed {
 	int64_t shape[];
 };
 
+struct managed_versioned {
+	DLManagedTensorVersioned m;
+	fst_tensor_view view;
+	int64_t shape[];
+};
+
 static void managed_deleter(DLManagedTensor *self)
 {
 	struct managed *mt = (struct managed *)self;
+	fst_view_release(&mt->view);
+	free(mt);
+}
+
+static void managed_versioned_deleter(DLManagedTensorVersioned *self)
+{
+	struct managed_versioned *mt = (struct managed_versioned *)self;
 	fst_view_release(&mt->view);
 	free(mt);
 }
@@ -308,10 +341,35 @@ static void capsule_destructor(PyObject *cap)
 	}
 }
 
+static void capsule_versioned_destructor(PyObject *cap)
+{
+	/* renamed "used_dltensor_versioned" once a consumer owns it */
+	if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+		DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+		if (m && m->deleter)
+			m->deleter(m);
+	}
+}
+
+/* max_version: None or (major, minor); 1 when the consumer takes DLPack 1.x. */
+static int wants_versioned(PyObject *max_version)
+{
+	if (!max_version || max_version == Py_None)
+		return 0;
+	if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) < 1) {
+		PyErr_SetString(PyExc_TypeError, "max_version must be a (major, minor) tuple");
+		return -1;
+	}
+	long major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0));
+	if (major == -1 && PyErr_Occurred())
+		return -1;
+	return major >= 1;
+}
+
 static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kw)
 {
-	/* stream and the rest are accepted and ignored: a tensor is handed out
-	 * only once its bytes have landed, so no stream must wait for it. */
+	/* stream is accepted and ignored: a tensor is handed out only once its
+	 * bytes have landed, so no stream must wait for it. */
 	static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
 	PyObject *stream = NULL, *max_version = NULL, *dl_device = NULL, *copy = NULL;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOOO", kwlist, &stream, &max_version,
@@ -321,28 +379,76 @@ static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_BufferError, "fst tensors are exported without copies");
 		return NULL;
 	}
-	int nd = self->export_ndim;
-	struct managed *mt = calloc(1, sizeof *mt + sizeof(int64_t) * (size_t)(nd ? nd : 1));
-	if (!mt)
-		return PyErr_NoMemory();
 	fst_tensor_view *v = &self->view;
+	if (dl_device && dl_device != Py_None) {
+		int type, id;
+		if (!PyArg_ParseTuple(dl_device, "ii;dl_device must be (device_type, device_id)",
+				      &type, &id))
+			return NULL;
+		if (type != v->device_type || id != v->device_id) {
+			PyErr_Format(PyExc_BufferError, "tensor \"%s\" is on device (%d, %d), not "
+				     "(%d, %d): fst tensors are exported without copies", v->name,
+				     v->device_type, v->device_id, type, id);
+			return NULL;
+		}
+	}
+	int versioned = wants_versioned(max_version);
+	if (versioned < 0)
+		return NULL;
+	/* mmap buffers are read-only file mappings: they keep the legacy
+	 * capsule, which numpy imports read-only and which every torch takes. */
+	bool read_only = fst_buffer_size(v->buffer) == 0;
+	if (read_only)
+		versioned = 0;
+	int nd = self->export_ndim;
+	size_t shape_bytes = sizeof(int64_t) * (size_t)(nd ? nd : 1);
+	DLTensor *dl;
+	fst_tensor_view *held;
+	int64_t *shape;
+	void *m;
+	if (versioned) {
+		struct managed_versioned *mt = calloc(1, sizeof *mt + shape_bytes);
+		if (!mt)
+			return PyErr_NoMemory();
+		mt->m.version = (DLPackVersion){1, 0};
+		mt->m.manager_ctx = mt;
+		mt->m.deleter = managed_versioned_deleter;
+		mt->m.flags = 0;
+		dl = &mt->m.dl_tensor;
+		held = &mt->view;
+		shape = mt->shape;
+		m = &mt->m;
+	} else {
+		struct managed *mt = calloc(1, sizeof *mt + shape_bytes);
+		if (!mt)
+			return PyErr_NoMemory();
+		mt->m.manager_ctx = mt;
+		mt->m.deleter = managed_deleter;
+		dl = &mt->m.dl_tensor;
+		held = &mt->view;
+		shape = mt->shape;
+		m = &mt->m;
+	}
 	fst_buffer_retain(v->buffer);
-	mt->view = *v;
-	memcpy(mt->shape, self->export_shape, sizeof(int64_t) * (size_t)nd);
-	DLTensor *dl = &mt->m.dl_tensor;
+	*held = *v;
+	memcpy(shape, self->export_shape, sizeof(int64_t) * (size_t)nd);
 	dl->data = v->data;
 	dl->device.device_type = v->device_type;
 	dl->device.device_id = v->device_id;
 	dl->ndim = nd;
 	dl->dtype = self->export_type;
-	dl->shape = mt->shape;
+	dl->shape = shape;
 	dl->strides = NULL; /* row-major, compact */
 	dl->byte_offset = 0;
-	mt->m.manager_ctx = mt;
-	mt->m.deleter = managed_deleter;
-	PyObject *cap = PyCapsule_New(&mt->m, "dltensor", capsule_destructor);
-	if (!cap)
-		managed_deleter(&mt->m);
+	PyObject *cap = versioned
+		? PyCapsule_New(m, "dltensor_versioned", capsule_versioned_destructor)
+		: PyCapsule_New(m, "dltensor", capsule_destructor);
+	if (!cap) {
+		if (versioned)
+			managed_versioned_deleter(m);
+		else
+			managed_deleter(m);
+	}
 	return cap;
 }
 
@@ -458,9 +564,25 @@ static PyTypeObject TensorType = {
 
 /* ---- load options and the allocator bridge */
 
+/* The bridge to a Python (alloc, free) pair. Reference-counted under the
+ * GIL: one reference for the load that was given it (dropped by
+ * free_load_args) and one per allocation alive (taken by py_alloc, dropped
+ * by py_free), so it outlives every buffer that uses it whether the load
+ * succeeds or fails after allocating. */
 struct pyalloc {
 	PyObject *alloc, *free;
+	long refs;
 };
+
+static void pyalloc_unref(struct pyalloc *pa)
+{
+	/* the GIL is held */
+	if (--pa->refs > 0)
+		return;
+	Py_DECREF(pa->alloc);
+	Py_DECREF(pa->free);
+	free(pa);
+}
 
 static void *py_alloc(void *ctx, uint64_t size, uint32_t align, int device_type, int device_id)
 {
@@ -473,8 +595,12 @@ static void *py_alloc(void *ctx, uint64_t size, uint32_t align, int device_type,
 		p = PyLong_AsVoidPtr(r);
 		Py_DECREF(r);
 	}
-	if (PyErr_Occurred())
+	if (PyErr_Occurred()) {
 		PyErr_WriteUnraisable(pa->alloc);
+		p = NULL;
+	}
+	if (p)
+		pa->refs++; /* dropped by py_free */
 	PyGILState_Release(g);
 	return p;
 }
@@ -484,19 +610,16 @@ static void py_free(void *ctx, void *ptr, uint64_t size, int device_type, int de
 	struct pyalloc *pa = ctx;
 	if (!Py_IsInitialized())
 		return; /* interpreter gone: the framework's memory went with it */
+	/* The last reference may be dropped on any thread, with or without the
+	 * GIL: take it for the call and for the reference counts. */
 	PyGILState_STATE g = PyGILState_Ensure();
 	PyObject *r = PyObject_CallFunction(pa->free, "NKii", PyLong_FromVoidPtr(ptr),
 					    (unsigned long long)size, device_type, device_id);
 	if (!r)
 		PyErr_WriteUnraisable(pa->free);
 	Py_XDECREF(r);
+	pyalloc_unref(pa);
 	PyGILState_Release(g);
-	/* The allocator context lives as long as the buffer that uses it:
-	 * it is freed with the buffer's memory, here. */
-	Py_DECREF(pa->alloc);
-	Py_DECREF(pa->free);
-	PyGILState_Release(PyGILState_Ensure());
-	free(pa);
 }
 
 struct names {
@@ -534,11 +657,11 @@ static int parse_load_args(PyObject *args, PyObject *kw, CheckpointObject **ck,
 	unsigned threads = 0, align = 0;
 	unsigned long long chunk = 0, staging = 0;
 	PyObject *names = Py_None, *allocator = Py_None;
+	memset(la, 0, sizeof *la); /* free_load_args must find it clean on every failure */
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|siIKKiIOO", kwlist, &CheckpointType, ck,
 					 &device, &io, &threads, &chunk, &staging, &gds, &align,
 					 &names, &allocator))
 		return -1;
-	memset(la, 0, sizeof *la);
 	fst_load_opts_init(&la->opts);
 	snprintf(la->device, sizeof la->device, "%s", device);
 	la->opts.device = la->device;
@@ -557,6 +680,10 @@ static int parse_load_args(PyObject *args, PyObject *kw, CheckpointObject **ck,
 	}
 	if (allocator != Py_None) {
 		PyObject *a = NULL, *f = NULL;
+		if (!PyTuple_Check(allocator)) {
+			PyErr_SetString(PyExc_TypeError, "allocator must be (alloc, free)");
+			return -1;
+		}
 		if (!PyArg_ParseTuple(allocator, "OO;allocator must be (alloc, free)", &a, &f))
 			return -1;
 		la->pa = malloc(sizeof *la->pa);
@@ -568,19 +695,19 @@ static int parse_load_args(PyObject *args, PyObject *kw, CheckpointObject **ck,
 		Py_INCREF(f);
 		la->pa->alloc = a;
 		la->pa->free = f;
+		la->pa->refs = 1; /* the load's own; see struct pyalloc */
 		la->allocator = (fst_allocator){py_alloc, py_free, la->pa};
 		la->opts.allocator = &la->allocator;
 	}
 	return 0;
 }
 
-static void free_load_args(struct load_args *la, bool allocator_used)
+static void free_load_args(struct load_args *la)
 {
-	Py_XDECREF(la->names.set);
-	if (la->pa && !allocator_used) {
-		Py_DECREF(la->pa->alloc);
-		Py_DECREF(la->pa->free);
-		free(la->pa);
+	Py_CLEAR(la->names.set);
+	if (la->pa) {
+		pyalloc_unref(la->pa); /* buffers that allocated hold their own */
+		la->pa = NULL;
 	}
 }
 
@@ -684,7 +811,7 @@ static PyObject *mod_load(PyObject *mod, PyObject *args, PyObject *kw)
 	CheckpointObject *ck;
 	struct load_args la;
 	if (parse_load_args(args, kw, &ck, &la)) {
-		free_load_args(&la, false);
+		free_load_args(&la);
 		return NULL;
 	}
 	fst_buffer *buf = NULL;
@@ -693,8 +820,7 @@ static PyObject *mod_load(PyObject *mod, PyObject *args, PyObject *kw)
 	Py_BEGIN_ALLOW_THREADS
 	rc = fst_load(ck->ck, &la.opts, &buf, &err);
 	Py_END_ALLOW_THREADS
-	/* on success the buffer owns the allocator bridge (freed by py_free) */
-	free_load_args(&la, rc == 0 && la.pa);
+	free_load_args(&la);
 	if (rc)
 		return raise_fst(rc, &err);
 	return wrap_buffer(buf);
@@ -707,7 +833,6 @@ typedef struct {
 	fst_loader *ld;
 	PyObject *checkpoint; /* kept alive while the loader runs */
 	struct load_args la;
-	bool allocator_used;
 } LoaderObject;
 
 static void Loader_dealloc(LoaderObject *self)
@@ -719,7 +844,7 @@ static void Loader_dealloc(LoaderObject *self)
 		fst_loader_free(ld);
 		Py_END_ALLOW_THREADS
 	}
-	free_load_args(&self->la, self->allocator_used);
+	free_load_args(&self->la);
 	Py_XDECREF(self->checkpoint);
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -734,11 +859,9 @@ static PyObject *mod_start(PyObject *mod, PyObject *args, PyObject *kw)
 		return NULL;
 	self->ld = NULL;
 	self->checkpoint = NULL;
-	self->allocator_used = false;
 	CheckpointObject *ck;
 	if (parse_load_args(args, kw, &ck, &self->la)) {
-		memset(&self->la, 0, sizeof self->la);
-		Py_DECREF(self);
+		Py_DECREF(self); /* Loader_dealloc frees what parse_load_args made */
 		return NULL;
 	}
 	Py_INCREF(ck);
@@ -752,7 +875,6 @@ static PyObject *mod_start(PyObject *mod, PyObject *args, PyObject *kw)
 		Py_DECREF(self);
 		return raise_fst(rc, &err);
 	}
-	self->allocator_used = self->la.pa != NULL;
 	return (PyObject *)self;
 }
 
@@ -830,6 +952,128 @@ static PyTypeObject LoaderType = {
 	.tp_methods = Loader_methods,
 	.tp_doc = "A streaming load: tensors as they become ready.",
 };
+
+/* ---- Comm: an NCCL communicator for tensor-parallel loads */
+
+typedef struct {
+	PyObject_HEAD
+	fst_comm *comm;
+} CommObject;
+
+static void Comm_dealloc(CommObject *self)
+{
+	fst_comm *c = self->comm;
+	self->comm = NULL;
+	if (c) {
+		Py_BEGIN_ALLOW_THREADS
+		fst_comm_destroy(c);
+		Py_END_ALLOW_THREADS
+	}
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Comm_init(CommObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = {"world", "rank", "unique_id", "device", "timeout_ms", NULL};
+	int world, rank, device, timeout_ms = 0;
+	Py_buffer id;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "iiy*i|i", kwlist, &world, &rank, &id, &device,
+					 &timeout_ms))
+		return -1;
+	if (id.len != FST_COMM_ID_BYTES) {
+		PyBuffer_Release(&id);
+		PyErr_Format(PyExc_ValueError, "unique_id must be %d bytes", FST_COMM_ID_BYTES);
+		return -1;
+	}
+	fst_error err;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = fst_comm_init(world, rank, id.buf, device, timeout_ms, &self->comm, &err);
+	Py_END_ALLOW_THREADS
+	PyBuffer_Release(&id);
+	if (rc) {
+		raise_fst(rc, &err);
+		return -1;
+	}
+	return 0;
+}
+
+static PyTypeObject CommType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fst._fst.Comm",
+	.tp_basicsize = sizeof(CommObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_new = PyType_GenericNew,
+	.tp_init = (initproc)Comm_init,
+	.tp_dealloc = (destructor)Comm_dealloc,
+	.tp_doc = "Comm(world, rank, unique_id, device, timeout_ms=0): an NCCL communicator.",
+};
+
+static PyObject *mod_comm_unique_id(PyObject *mod, PyObject *unused)
+{
+	(void)mod;
+	(void)unused;
+	unsigned char id[FST_COMM_ID_BYTES];
+	fst_error err;
+	int rc = fst_comm_unique_id(id, &err);
+	if (rc)
+		return raise_fst(rc, &err);
+	return PyBytes_FromStringAndSize((const char *)id, FST_COMM_ID_BYTES);
+}
+
+/* load_sharded(checkpoint, comm, dims, io=0, threads=0, staging_bytes=0) */
+static PyObject *mod_load_sharded(PyObject *mod, PyObject *args, PyObject *kw)
+{
+	(void)mod;
+	static char *kwlist[] = {"checkpoint", "comm", "dims", "io", "threads", "staging_bytes",
+				 NULL};
+	CheckpointObject *ck;
+	CommObject *comm;
+	PyObject *dims_obj;
+	int io = 0;
+	unsigned threads = 0;
+	unsigned long long staging = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O|iIK", kwlist, &CheckpointType, &ck,
+					 &CommType, &comm, &dims_obj, &io, &threads, &staging))
+		return NULL;
+	size_t n = fst_checkpoint_tensor_count(ck->ck);
+	PyObject *seq = PySequence_Fast(dims_obj, "dims must be a sequence of ints");
+	if (!seq)
+		return NULL;
+	if ((size_t)PySequence_Fast_GET_SIZE(seq) != n) {
+		Py_DECREF(seq);
+		return PyErr_Format(PyExc_ValueError, "dims has %zd entries for %zu tensors",
+				    PySequence_Fast_GET_SIZE(seq), n);
+	}
+	int *dims = malloc(sizeof(int) * (n ? n : 1));
+	if (!dims) {
+		Py_DECREF(seq);
+		return PyErr_NoMemory();
+	}
+	for (size_t i = 0; i < n; i++) {
+		dims[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+		if (PyErr_Occurred()) {
+			free(dims);
+			Py_DECREF(seq);
+			return NULL;
+		}
+	}
+	Py_DECREF(seq);
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.io = io;
+	o.threads = threads;
+	o.staging_bytes = staging;
+	fst_buffer *buf = NULL;
+	fst_error err;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = fst_load_sharded(ck->ck, &o, comm->comm, dims, &buf, &err);
+	Py_END_ALLOW_THREADS
+	free(dims);
+	if (rc)
+		return raise_fst(rc, &err);
+	return wrap_buffer(buf);
+}
 
 /* ---- writer */
 
@@ -943,6 +1187,19 @@ static PyObject *mod_set_errors(PyObject *mod, PyObject *args)
 	Py_RETURN_NONE;
 }
 
+static PyObject *mod_fault_set(PyObject *mod, PyObject *args)
+{
+	(void)mod;
+	const char *spec = NULL;
+	if (!PyArg_ParseTuple(args, "z", &spec))
+		return NULL;
+	fst_error err;
+	int rc = fst_fault_set(spec, &err);
+	if (rc)
+		return raise_fst(rc, &err);
+	Py_RETURN_NONE;
+}
+
 static PyObject *mod_version(PyObject *mod, PyObject *unused)
 {
 	(void)mod;
@@ -967,7 +1224,13 @@ static PyMethodDef module_methods[] = {
 	{"save", (PyCFunction)mod_save, METH_VARARGS,
 	 "save(entries, metadata, path[, data_align]): entries of (name, dtype, shape, bytes)"},
 	{"_set_errors", (PyCFunction)mod_set_errors, METH_VARARGS, "internal"},
+	{"comm_unique_id", (PyCFunction)mod_comm_unique_id, METH_NOARGS,
+	 "a new NCCL unique id (bytes) for Comm"},
+	{"load_sharded", (PyCFunction)(void (*)(void))mod_load_sharded, METH_VARARGS | METH_KEYWORDS,
+	 "load_sharded(checkpoint, comm, dims, io=0, threads=0, staging_bytes=0) -> Buffer"},
 	{"version", (PyCFunction)mod_version, METH_NOARGS, "libfst version"},
+	{"fault_set", (PyCFunction)mod_fault_set, METH_VARARGS,
+	 "arm fault injection for tests: fault_set('read:1') (see fst_fault_set)"},
 	{"trim", (PyCFunction)mod_trim, METH_NOARGS, "free pinned staging kept between loads"},
 	{NULL, NULL, 0, NULL},
 };
@@ -980,7 +1243,7 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC PyInit__fst(void)
 {
 	if (PyType_Ready(&CheckpointType) || PyType_Ready(&TensorType) ||
-	    PyType_Ready(&BufferType) || PyType_Ready(&LoaderType))
+	    PyType_Ready(&BufferType) || PyType_Ready(&LoaderType) || PyType_Ready(&CommType))
 		return NULL;
 	PyObject *m = PyModule_Create(&moduledef);
 	if (!m)
@@ -993,5 +1256,7 @@ PyMODINIT_FUNC PyInit__fst(void)
 	PyModule_AddObject(m, "Buffer", (PyObject *)&BufferType);
 	Py_INCREF(&LoaderType);
 	PyModule_AddObject(m, "Loader", (PyObject *)&LoaderType);
+	Py_INCREF(&CommType);
+	PyModule_AddObject(m, "Comm", (PyObject *)&CommType);
 	return m;
 }

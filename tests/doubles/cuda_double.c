@@ -375,6 +375,51 @@ API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, vo
 	return OK;
 }
 
+struct memcpy2d {
+	size_t srcXInBytes, srcY;
+	int srcMemoryType;
+	const void *srcHost;
+	CUdeviceptr srcDevice;
+	void *srcArray;
+	size_t srcPitch;
+	size_t dstXInBytes, dstY;
+	int dstMemoryType;
+	void *dstHost;
+	CUdeviceptr dstDevice;
+	void *dstArray;
+	size_t dstPitch;
+	size_t WidthInBytes, Height;
+};
+
+/* Device-to-device strided copies, done late row by row on the stream. */
+API CUresult cuMemcpy2DAsync_v2(const struct memcpy2d *c, void *h)
+{
+	if (c->srcMemoryType != 2 || c->dstMemoryType != 2)
+		return INVALID_VALUE;
+	for (size_t y = 0; y < c->Height; y++) {
+		CUdeviceptr s = c->srcDevice + (c->srcY + y) * c->srcPitch + c->srcXInBytes;
+		CUdeviceptr d = c->dstDevice + (c->dstY + y) * c->dstPitch + c->dstXInBytes;
+		if (!device_range_ok(s, c->WidthInBytes) || !device_range_ok(d, c->WidthInBytes))
+			return ILLEGAL_ADDRESS;
+	}
+	for (size_t y = 0; y < c->Height; y++) {
+		CUdeviceptr s = c->srcDevice + (c->srcY + y) * c->srcPitch + c->srcXInBytes;
+		CUdeviceptr d = c->dstDevice + (c->dstY + y) * c->dstPitch + c->dstXInBytes;
+		memset((char *)(uintptr_t)d, POISON, c->WidthInBytes);
+		enqueue(h, OP_COPY, (char *)(uintptr_t)d, (const char *)(uintptr_t)s, c->WidthInBytes);
+	}
+	return OK;
+}
+
+API CUresult cuStreamQuery(void *h)
+{
+	struct stream *s = h;
+	pthread_mutex_lock(&s->m);
+	int idle = s->done >= s->queued;
+	pthread_mutex_unlock(&s->m);
+	return idle ? OK : NOT_READY;
+}
+
 API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
 {
 	if (!device_range_ok(src, n))

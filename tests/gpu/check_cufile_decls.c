@@ -5,8 +5,13 @@
  *   cc -std=c11 -I/usr/local/cuda/include -iquote src \
  *      tests/gpu/check_cufile_decls.c -o check && ./check
  */
-#include <cufile.h>
+#define _GNU_SOURCE /* cufile.h uses loff_t */
 #include <stdio.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include <cufile.h>
 
 #include "cufile_decls.h"
 

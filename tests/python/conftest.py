@@ -45,3 +45,47 @@ def gen_dir(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+# ---------------------------------------------------------------- fst package
+
+@pytest.fixture(scope="session")
+def fst_pkg():
+    """The installed `fst` Python package (`make python`), or a skip saying
+    how to get it."""
+    try:
+        import fst as pkg
+    except ImportError as e:
+        pytest.skip(f"the fst Python package is not installed ({e}); run `make python`")
+    return pkg
+
+
+@pytest.fixture(scope="session")
+def cuda_double():
+    """Path of the libcuda test double (tests/doubles/cuda_double.c), built
+    next to the fst command: $FST_CUDA_DOUBLE, else <FST_BIN dir>/tests/."""
+    p = os.environ.get("FST_CUDA_DOUBLE") or str(fsttest.FST_BIN.parent / "tests" /
+                                                 "libfst_cuda_double.so")
+    if not os.path.isfile(p):
+        pytest.skip(f"CUDA test double not built at {p} (cmake --build the tree of FST_BIN)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def run_python():
+    """run_python(code, env={...}, timeout=60) -> CompletedProcess: `code` in a
+    fresh interpreter (for what is decided once per process, such as which
+    libcuda is loaded, or for code that may crash). FST_CUDA_LIBRARY,
+    FST_FAULT and FST_LOG are cleared unless env sets them."""
+    import subprocess
+    import textwrap
+
+    def run(code, env=None, timeout=60):
+        full = dict(os.environ)
+        for k in ("FST_CUDA_LIBRARY", "FST_FAULT", "FST_LOG"):
+            full.pop(k, None)
+        full.update(env or {})
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                              text=True, env=full, timeout=timeout)
+
+    return run

@@ -262,7 +262,10 @@ def test_gen_output_message_and_existing_dir(gen_dir, tmp_path):
     r = fst("gen", out, "--size", "1MiB", "--shards", "2", "--seed", "5")
     assert r.returncode == 0 and r.stderr == ""
     assert r.stdout.startswith(f"wrote {out}: 2 shards, ")
-    r = fst("gen", out / "missing-parent" / "x", "--size", "1MiB")
+    r = fst("gen", out / "new-parent" / "x", "--size", "1MiB")  # parents are made
+    assert r.returncode == 0 and (out / "new-parent" / "x" / "model.safetensors.index.json").exists()
+    (out / "a-file").write_bytes(b"")
+    r = fst("gen", out / "a-file" / "x", "--size", "1MiB")  # a file where a directory must be
     assert r.returncode == 4 and "cannot create directory" in r.stderr
 
 

@@ -76,7 +76,8 @@ _Static_assert(sizeof(CUdevice_attribute) == sizeof(int), "CUdevice_attribute is
 	X(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)                                   \
 	X(CU_STREAM_NON_BLOCKING)                                                          \
 	X(CU_EVENT_DISABLE_TIMING)                                                         \
-	X(CU_MEMHOSTALLOC_PORTABLE)
+	X(CU_MEMHOSTALLOC_PORTABLE)                                                         \
+	X(CU_MEMORYTYPE_DEVICE)
 
 #define CHECK_CONSTANT(name) \
 	_Static_assert(FSTI_##name == (name), "src/cuda.h: FSTI_" #name " differs from cuda.h");
@@ -105,6 +106,7 @@ CONSTANTS(CHECK_CONSTANT)
 	X(cuStreamCreate)                                                                  \
 	X(cuStreamDestroy_v2)                                                              \
 	X(cuStreamSynchronize)                                                             \
+	X(cuStreamQuery)                                                                   \
 	X(cuEventCreate)                                                                   \
 	X(cuEventRecord)                                                                   \
 	X(cuEventQuery)                                                                    \
@@ -130,6 +132,22 @@ EXACT(CHECK_EXACT)
 		       "struct fsti_cuda: " #m " is not " #our_params);
 INT_FOR_ENUM(CHECK_INT_FOR_ENUM)
 
+/* cuMemcpy2DAsync_v2 takes our own copy of CUDA_MEMCPY2D: same layout. */
+#define SAME_FIELD(f)                                                                      \
+	_Static_assert(offsetof(fsti_memcpy2d, f) == offsetof(CUDA_MEMCPY2D, f),           \
+		       "fsti_memcpy2d." #f " moved");
+SAME_FIELD(srcXInBytes) SAME_FIELD(srcY) SAME_FIELD(srcMemoryType) SAME_FIELD(srcHost)
+SAME_FIELD(srcDevice) SAME_FIELD(srcArray) SAME_FIELD(srcPitch) SAME_FIELD(dstXInBytes)
+SAME_FIELD(dstY) SAME_FIELD(dstMemoryType) SAME_FIELD(dstHost) SAME_FIELD(dstDevice)
+SAME_FIELD(dstArray) SAME_FIELD(dstPitch) SAME_FIELD(WidthInBytes) SAME_FIELD(Height)
+_Static_assert(sizeof(fsti_memcpy2d) == sizeof(CUDA_MEMCPY2D), "CUDA_MEMCPY2D size");
+_Static_assert(sizeof(CUmemorytype) == sizeof(int), "CUmemorytype is int-sized");
+_Static_assert(SAME_TYPE(__typeof__(&cuMemcpy2DAsync_v2),
+			 CUresult_real (*)(const CUDA_MEMCPY2D *, CUstream)),
+	       "cuda.h: cuMemcpy2DAsync_v2's parameters");
+_Static_assert(SAME_TYPE(MEMBER(cuMemcpy2DAsync_v2), CUresult_real (*)(const fsti_memcpy2d *, CUstream)),
+	       "struct fsti_cuda: cuMemcpy2DAsync_v2");
+
 /* The same as assignments, so that -Werror's incompatible-pointer-types
  * check speaks too. sizeof does not evaluate its operand: no symbol of
  * libcuda is referenced. */
@@ -149,6 +167,7 @@ static const char *const entry_names[] = {
 	EXACT(STRING)
 #define FIRST_STRING(m, a, b) #m,
 	INT_FOR_ENUM(FIRST_STRING)
+	"cuMemcpy2DAsync_v2", /* checked with its struct above */
 };
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 

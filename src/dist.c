@@ -1,0 +1,520 @@
+/*
+ * dist.c - tensor-parallel loading over NCCL: each byte read from storage
+ * once in the whole group.
+ *
+ * Every rank computes the same layout (fsti_dist_layout, pure): each
+ * tensor's shape on this rank, its place in the final buffer, and how it
+ * arrives. A shard that is contiguous in the file (dim 0, or leading
+ * dimensions of size 1) is read by its own rank, straight into place, with
+ * no communication. Every other tensor is read by one owner, chosen so the
+ * owners' bytes balance, and broadcast; a shard along an inner dimension is
+ * then cut out of the broadcast copy by a strided device copy. Reading uses
+ * the ordinary engine (fsti_load_pieces); collectives run on one stream and
+ * are waited for with a deadline, so a rank that fails or vanishes makes
+ * the others fail instead of hang. Before any collective the ranks agree on
+ * whether every read succeeded.
+ */
+#include "cuda.h"
+#include "dist.h"
+#include "engine.h"
+#include "nccl.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct fst_comm {
+	const struct fsti_nccl *nc;
+	const struct fsti_cuda *cu;
+	fsti_nccl_comm comm;
+	int world, rank, device;
+	CUstream stream;
+	int timeout_ms;
+	bool broken; /* aborted after a failure: every later call fails */
+};
+
+int fst_comm_rank(const fst_comm *c) { return c->rank; }
+int fst_comm_world(const fst_comm *c) { return c->world; }
+
+int fst_comm_unique_id(unsigned char id[FST_COMM_ID_BYTES], fst_error *err)
+{
+	fsti_err_clear(err);
+	const struct fsti_nccl *nc = fsti_nccl_load(err);
+	if (!nc)
+		return err ? err->code : FST_EUNSUPPORTED;
+	fsti_nccl_id nid;
+	int r = nc->ncclGetUniqueId(&nid);
+	if (r)
+		return fsti_err_backend(err, FST_EDEVICE, r, "ncclGetUniqueId failed: %s",
+					nc->ncclGetErrorString(r));
+	memcpy(id, nid.internal, FST_COMM_ID_BYTES);
+	return 0;
+}
+
+int fst_comm_init(int world, int rank, const unsigned char id[FST_COMM_ID_BYTES], int device,
+		  int timeout_ms, fst_comm **out, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!out || !id || world < 1 || rank < 0 || rank >= world)
+		return fsti_err(err, FST_EUSAGE, "fst_comm_init: rank %d of %d is not valid", rank,
+				world);
+	*out = NULL;
+	const struct fsti_nccl *nc = fsti_nccl_load(err);
+	if (!nc)
+		return err ? err->code : FST_EUNSUPPORTED;
+	const struct fsti_cuda *cu = fsti_cuda_load(err);
+	if (!cu)
+		return err ? err->code : FST_EDEVICE;
+	void *saved = fsti_cuda_save();
+	int rc = fsti_cuda_use_device(cu, device, err);
+	fst_comm *c = rc ? NULL : fsti_calloc(1, sizeof *c);
+	if (!rc && !c)
+		rc = fsti_err(err, FST_ENOMEM, "out of memory");
+	if (!rc) {
+		c->nc = nc;
+		c->cu = cu;
+		c->world = world;
+		c->rank = rank;
+		c->device = device;
+		const char *env = getenv("FST_DIST_TIMEOUT_MS");
+		c->timeout_ms = timeout_ms > 0 ? timeout_ms : env && atoi(env) > 0 ? atoi(env) : 300000;
+		CUresult cr = cu->cuStreamCreate(&c->stream, FSTI_CU_STREAM_NON_BLOCKING);
+		if (cr)
+			rc = fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot create a stream", device);
+	}
+	if (!rc) {
+		fsti_nccl_id nid;
+		memcpy(nid.internal, id, FST_COMM_ID_BYTES);
+		int r = fsti_fault("nccl") ? 2 : nc->ncclCommInitRank(&c->comm, world, nid, rank);
+		if (r)
+			rc = fsti_err_backend(err, FST_EDEVICE, r,
+					      "rank %d of %d: ncclCommInitRank failed: %s", rank,
+					      world, nc->ncclGetErrorString(r));
+	}
+	fsti_cuda_restore(saved);
+	if (rc) {
+		if (c && c->stream)
+			cu->cuStreamDestroy_v2(c->stream);
+		fsti_free(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+void fst_comm_destroy(fst_comm *c)
+{
+	if (!c)
+		return;
+	void *saved = fsti_cuda_save();
+	fsti_cuda_use_device(c->cu, c->device, NULL);
+	if (c->comm) {
+		if (c->broken)
+			c->nc->ncclCommAbort(c->comm);
+		else
+			c->nc->ncclCommDestroy(c->comm);
+	}
+	if (c->stream)
+		c->cu->cuStreamDestroy_v2(c->stream);
+	fsti_cuda_restore(saved);
+	fsti_free(c);
+}
+
+/* ---- layout (pure) */
+
+int fsti_dist_layout(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
+		     const int *dims, int world, int rank, uint32_t align, struct fsti_dist *out,
+		     fst_error *err)
+{
+	memset(out, 0, sizeof *out);
+	size_t n = fst_checkpoint_tensor_count(ck);
+	out->t = fsti_calloc(n + 1, sizeof *out->t);
+	if (!out->t)
+		return fsti_err(err, FST_ENOMEM, "out of memory for the layout");
+	uint64_t bcast_total = 0;
+	for (size_t i = 0; i < n; i++) {
+		fst_tensor_info info;
+		size_t file;
+		fst_checkpoint_tensor(ck, i, &info, &file);
+		if (filter && !filter(filter_ctx, info.name))
+			continue;
+		struct fsti_dist_tensor *t = &out->t[out->n++];
+		t->entry = (uint32_t)i;
+		t->file = (uint32_t)file;
+		t->file_off = info.file_offset;
+		t->full_bytes = info.nbytes;
+		t->dim = dims ? dims[i] : FST_REPLICATE;
+		if (t->dim < FST_REPLICATE || (t->dim >= 0 && (uint32_t)t->dim >= info.ndim)) {
+			fsti_dist_free(out);
+			return fsti_err(err, FST_EUSAGE,
+					"tensor \"%s\": cannot shard along dim %d of a %u-dimensional "
+					"tensor",
+					info.name, dims[i], info.ndim);
+		}
+		unsigned bits = fst_dtype_bits(info.dtype);
+		if (t->dim >= 0 && bits % 8) {
+			fsti_dist_free(out);
+			return fsti_err(err, FST_EUNSUPPORTED,
+					"tensor \"%s\": %s packs several elements in a byte and "
+					"cannot be sharded",
+					info.name, fst_dtype_name(info.dtype));
+		}
+		if (t->dim < 0) {
+			t->outer = 1;
+			t->mid = 1;
+			t->inner_bytes = info.nbytes;
+			t->start = 0;
+			t->len = 1;
+			t->contiguous = false;
+		} else {
+			uint64_t outer = 1, inner = bits / 8;
+			for (int d = 0; d < t->dim; d++)
+				outer *= info.shape[d];
+			for (uint32_t d = (uint32_t)t->dim + 1; d < info.ndim; d++)
+				inner *= info.shape[d];
+			t->outer = outer;
+			t->mid = info.shape[t->dim];
+			t->inner_bytes = inner;
+			uint64_t block = (t->mid + (uint64_t)world - 1) / (uint64_t)world;
+			t->start = FSTI_MIN((uint64_t)rank * block, t->mid);
+			t->len = FSTI_MIN(block, t->mid - t->start);
+			t->contiguous = outer == 1 || t->full_bytes == 0;
+		}
+		t->shard_bytes = t->outer * t->len * t->inner_bytes;
+		if (!t->contiguous)
+			bcast_total += t->full_bytes;
+	}
+	/* Owners: consecutive runs balanced by bytes, the same on every rank. */
+	uint64_t before = 0, dst = 0, scratch = 0;
+	for (size_t i = 0; i < out->n; i++) {
+		struct fsti_dist_tensor *t = &out->t[i];
+		t->owner = -1;
+		if (!t->contiguous) {
+			uint64_t mid = before + t->full_bytes / 2;
+			t->owner = bcast_total ? (int)FSTI_MIN((uint64_t)world - 1,
+							       mid * (uint64_t)world / bcast_total)
+					       : 0;
+			before += t->full_bytes;
+			if (t->dim >= 0) {
+				out->temp_bytes = FSTI_MAX(out->temp_bytes, t->full_bytes);
+				if (t->owner == rank) {
+					scratch = (scratch + align - 1) & ~(uint64_t)(align - 1);
+					t->scratch_off = scratch;
+					scratch += t->full_bytes;
+				}
+			}
+		}
+		dst = (dst + align - 1) & ~(uint64_t)(align - 1);
+		t->dst_off = dst;
+		dst += t->shard_bytes;
+		out->read_bytes += t->contiguous ? t->shard_bytes
+						 : (t->owner == rank ? t->full_bytes : 0);
+	}
+	out->dst_bytes = dst;
+	out->scratch_bytes = scratch;
+	return 0;
+}
+
+void fsti_dist_free(struct fsti_dist *d)
+{
+	fsti_free(d->t);
+	memset(d, 0, sizeof *d);
+}
+
+/* The reads of this rank: into the final buffer, or into its scratch. */
+static size_t rank_pieces(const struct fsti_dist *d, int rank, bool scratch,
+			  struct fsti_plan_tensor *p)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < d->n; i++) {
+		const struct fsti_dist_tensor *t = &d->t[i];
+		if (t->contiguous && !scratch && t->shard_bytes) {
+			p[n++] = (struct fsti_plan_tensor){t->file, t->entry,
+							   t->file_off + t->start * t->inner_bytes,
+							   t->shard_bytes, t->dst_off};
+		} else if (!t->contiguous && t->owner == rank && t->full_bytes) {
+			if (t->dim < 0 && !scratch)
+				p[n++] = (struct fsti_plan_tensor){t->file, t->entry, t->file_off,
+								   t->full_bytes, t->dst_off};
+			else if (t->dim >= 0 && scratch)
+				p[n++] = (struct fsti_plan_tensor){t->file, t->entry, t->file_off,
+								   t->full_bytes, t->scratch_off};
+		}
+	}
+	return n;
+}
+
+/* ---- collectives */
+
+static int comm_fail(fst_comm *c, int code, fst_error *err, const char *what, int r)
+{
+	c->broken = true;
+	c->nc->ncclCommAbort(c->comm);
+	c->comm = NULL;
+	return fsti_err_backend(err, code, r, "rank %d of %d: %s", c->rank, c->world, what);
+}
+
+/* Wait for the stream, watching NCCL's errors and the deadline. */
+static int wait_stream(fst_comm *c, const char *what, fst_error *err)
+{
+	double deadline = fsti_now() + c->timeout_ms / 1000.0;
+	for (;;) {
+		CUresult q = c->cu->cuStreamQuery(c->stream);
+		if (q == FSTI_CUDA_SUCCESS)
+			return 0;
+		if (q != FSTI_CUDA_ERROR_NOT_READY) {
+			char m[300], e2[200];
+			snprintf(m, sizeof m, "%s failed: %s", what,
+				 fsti_cuda_error(c->cu, q, e2, sizeof e2));
+			return comm_fail(c, FST_EDEVICE, err, m, q);
+		}
+		int async = 0;
+		c->nc->ncclCommGetAsyncError(c->comm, &async);
+		if (async && async != FSTI_NCCL_IN_PROGRESS) {
+			char m[300];
+			snprintf(m, sizeof m, "%s failed: %s (another rank failed?)", what,
+				 c->nc->ncclGetErrorString(async));
+			return comm_fail(c, FST_EDEVICE, err, m, async);
+		}
+		if (fsti_now() > deadline) {
+			char m[300];
+			snprintf(m, sizeof m,
+				 "%s did not finish within %d ms (FST_DIST_TIMEOUT_MS): another rank "
+				 "failed or is not taking part",
+				 what, c->timeout_ms);
+			return comm_fail(c, FST_EDEVICE, err, m, 0);
+		}
+		struct timespec ts = {0, 200000};
+		nanosleep(&ts, NULL);
+	}
+}
+
+static int check_nccl(fst_comm *c, int r, const char *what, fst_error *err)
+{
+	if (!r)
+		return 0;
+	char m[300];
+	snprintf(m, sizeof m, "%s: %s", what, c->nc->ncclGetErrorString(r));
+	return comm_fail(c, FST_EDEVICE, err, m, r);
+}
+
+/* Did every rank succeed? An all-reduce of a flag, bounded in time. */
+static int agree(fst_comm *c, CUdeviceptr flag, int failed, fst_error *err)
+{
+	int32_t v = failed ? 1 : 0;
+	CUresult cr = c->cu->cuMemcpyHtoDAsync_v2(flag, &v, sizeof v, c->stream);
+	if (cr)
+		return comm_fail(c, FST_EDEVICE, err, "cannot stage the status flag", cr);
+	int r = fsti_fault("nccl") ? 3 : c->nc->ncclAllReduce((void *)(uintptr_t)flag,
+							      (void *)(uintptr_t)flag, 1,
+							      FSTI_NCCL_INT32, FSTI_NCCL_MAX,
+							      c->comm, c->stream);
+	if (check_nccl(c, r, "ncclAllReduce of the read status", err))
+		return FST_EDEVICE;
+	int rc = wait_stream(c, "agreeing on the read status", err);
+	if (rc)
+		return rc;
+	int32_t any = 0;
+	cr = c->cu->cuMemcpyDtoH_v2(&any, flag, sizeof any);
+	if (cr)
+		return comm_fail(c, FST_EDEVICE, err, "cannot read the status flag", cr);
+	return any;
+}
+
+static void release_dist(struct fst_buffer *b)
+{
+	fsti_cuda_release_device_buffer(b);
+}
+
+int fst_load_sharded(const fst_checkpoint *ck, const fst_load_opts *opts_in, fst_comm *c,
+		     const int *dims, fst_buffer **out, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!ck || !c || !out)
+		return fsti_err(err, FST_EUSAGE, "fst_load_sharded: checkpoint, comm and out are "
+						 "required");
+	*out = NULL;
+	if (c->broken || !c->comm)
+		return fsti_err(err, FST_EDEVICE, "rank %d: the communicator was aborted by an "
+						  "earlier failure",
+				c->rank);
+	fst_load_opts opts;
+	fst_load_opts_init(&opts);
+	if (opts_in)
+		memcpy(&opts, opts_in, FSTI_MIN(opts_in->struct_size, sizeof opts));
+	opts.struct_size = sizeof opts;
+	char device[32];
+	snprintf(device, sizeof device, "cuda:%d", c->device);
+	opts.device = device;
+	opts.gds = FST_GDS_OFF; /* pieces go through staging */
+	uint32_t align = opts.align ? opts.align : 256;
+	if (align & (align - 1))
+		return fsti_err(err, FST_EUSAGE, "align %u is not a power of two", align);
+
+	struct fsti_dist d;
+	int rc = fsti_dist_layout(ck, opts.filter, opts.filter_ctx, dims, c->world, c->rank, align,
+				  &d, err);
+	if (rc)
+		return rc;
+	void *saved = fsti_cuda_save();
+	struct fst_buffer *b = NULL;
+	struct fsti_plan_tensor *pieces = NULL;
+	CUdeviceptr scratch = 0, temp = 0, flag = 0;
+	const struct fsti_cuda *cu = c->cu;
+	rc = fsti_cuda_use_device(cu, c->device, err);
+	if (rc)
+		goto out;
+
+	/* the buffer: its table mirrors the layout, shapes cut to the shards */
+	struct fsti_plan table = {0};
+	table.t = fsti_calloc(d.n + 1, sizeof *table.t);
+	pieces = fsti_calloc(d.n + 1, sizeof *pieces);
+	if (!table.t || !pieces) {
+		fsti_free(table.t);
+		rc = fsti_err(err, FST_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < d.n; i++)
+		table.t[i].entry = d.t[i].entry;
+	table.nt = d.n;
+	rc = fsti_buffer_new(ck, &table, &b, err);
+	fsti_free(table.t);
+	if (rc)
+		goto out;
+	b->device_type = FST_DEVICE_CUDA;
+	b->device_id = c->device;
+	b->device_ctx = (void *)cu;
+	CUdeviceptr base = 0;
+	CUresult cr = fsti_fault("device_alloc") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY
+						 : cu->cuMemAlloc_v2(&base, d.dst_bytes ? d.dst_bytes : 1);
+	if (cr) {
+		rc = fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate %" PRIu64 " bytes",
+				    c->device, d.dst_bytes);
+		goto out;
+	}
+	b->base = (void *)(uintptr_t)base;
+	b->size = d.dst_bytes ? d.dst_bytes : 1;
+	b->release_memory = release_dist;
+	b->tensor_bytes = 0;
+	for (size_t i = 0; i < d.n; i++) {
+		struct fsti_btensor *t = &b->t[i];
+		t->data = (char *)b->base + d.t[i].dst_off;
+		t->nbytes = d.t[i].shard_bytes;
+		if (d.t[i].dim >= 0)
+			((uint64_t *)t->shape)[d.t[i].dim] = d.t[i].len; /* our own arena */
+		b->tensor_bytes += t->nbytes;
+	}
+	snprintf(b->describe, sizeof b->describe,
+		 "tensor-parallel rank %d of %d: read %" PRIu64 " bytes from storage, "
+		 "broadcast the rest over NCCL",
+		 c->rank, c->world, d.read_bytes);
+
+	/* reads: into place, and the owned inner-dim shards into scratch */
+	fst_error rerr;
+	fsti_err_clear(&rerr);
+	int read_rc = 0;
+	size_t np = rank_pieces(&d, c->rank, false, pieces);
+	if (np)
+		read_rc = fsti_load_pieces(ck, &opts, pieces, np, b->base, b->size, &rerr);
+	if (!read_rc && d.scratch_bytes) {
+		cr = cu->cuMemAlloc_v2(&scratch, d.scratch_bytes);
+		if (cr)
+			read_rc = fsti_cuda_fail(cu, cr, &rerr, "cuda:%d: cannot allocate %" PRIu64
+								" bytes of scratch",
+						 c->device, d.scratch_bytes);
+		np = rank_pieces(&d, c->rank, true, pieces);
+		if (!read_rc && np)
+			read_rc = fsti_load_pieces(ck, &opts, pieces, np, (void *)(uintptr_t)scratch,
+						   d.scratch_bytes, &rerr);
+	}
+	fsti_cuda_use_device(cu, c->device, NULL); /* loads give the context back */
+	cr = cu->cuMemAlloc_v2(&flag, 256);
+	if (cr) {
+		rc = fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate a flag", c->device);
+		goto out; /* the others will time out: nothing else can be done */
+	}
+	int any = agree(c, flag, read_rc != 0, err);
+	if (any < 0) {
+		rc = any;
+		goto out;
+	}
+	if (read_rc) {
+		if (err)
+			*err = rerr;
+		rc = read_rc;
+		goto out;
+	}
+	if (any) {
+		rc = fsti_err(err, FST_EIO, "rank %d of %d: another rank could not read its share "
+					    "of the checkpoint",
+			      c->rank, c->world);
+		goto out;
+	}
+
+	/* collectives, in table order, all on one stream */
+	if (d.temp_bytes && (cr = cu->cuMemAlloc_v2(&temp, d.temp_bytes))) {
+		rc = fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate %" PRIu64 " bytes",
+				    c->device, d.temp_bytes);
+		goto out; /* the others time out */
+	}
+	for (size_t i = 0; i < d.n && !rc; i++) {
+		const struct fsti_dist_tensor *t = &d.t[i];
+		if (t->contiguous || !t->full_bytes)
+			continue;
+		int r;
+		if (t->dim < 0) {
+			void *p = (char *)b->base + t->dst_off;
+			r = c->nc->ncclBroadcast(p, p, t->full_bytes, FSTI_NCCL_UINT8, t->owner, c->comm,
+						 c->stream);
+			if ((rc = check_nccl(c, r, "ncclBroadcast", err)))
+				break;
+			continue;
+		}
+		const void *send = t->owner == c->rank ? (void *)(uintptr_t)(scratch + t->scratch_off)
+						       : NULL;
+		r = c->nc->ncclBroadcast(send, (void *)(uintptr_t)temp, t->full_bytes, FSTI_NCCL_UINT8,
+					 t->owner, c->comm, c->stream);
+		if ((rc = check_nccl(c, r, "ncclBroadcast", err)))
+			break;
+		if (!t->shard_bytes)
+			continue;
+		fsti_memcpy2d m;
+		memset(&m, 0, sizeof m);
+		m.srcMemoryType = m.dstMemoryType = FSTI_CU_MEMORYTYPE_DEVICE;
+		m.srcDevice = temp + t->start * t->inner_bytes;
+		m.srcPitch = t->mid * t->inner_bytes;
+		m.dstDevice = (CUdeviceptr)(uintptr_t)b->base + t->dst_off;
+		m.dstPitch = t->len * t->inner_bytes;
+		m.WidthInBytes = t->len * t->inner_bytes;
+		m.Height = t->outer;
+		cr = cu->cuMemcpy2DAsync_v2(&m, c->stream);
+		if (cr)
+			rc = comm_fail(c, FST_EDEVICE, err, "strided copy of a shard failed", cr);
+	}
+	if (!rc)
+		rc = wait_stream(c, "broadcasting the checkpoint", err);
+	if (!rc) {
+		/* everyone has everything: a last agreement keeps the ranks in step */
+		int again = agree(c, flag, 0, err);
+		rc = again < 0 ? again : 0;
+	}
+out:
+	if (temp)
+		cu->cuMemFree_v2(temp);
+	if (scratch)
+		cu->cuMemFree_v2(scratch);
+	if (flag)
+		cu->cuMemFree_v2(flag);
+	fsti_free(pieces);
+	fsti_dist_free(&d);
+	if (rc) {
+		fst_buffer_release(b);
+	} else {
+		*out = b;
+	}
+	fsti_cuda_restore(saved);
+	return rc;
+}

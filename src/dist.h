@@ -1,0 +1,37 @@
+/* dist.h - the layout of a tensor-parallel load (pure; dist.c). */
+#ifndef FST_DIST_H
+#define FST_DIST_H
+
+#include "engine.h"
+
+struct fsti_dist_tensor {
+	uint32_t entry;       /* index in the checkpoint's table */
+	uint32_t file;
+	uint64_t file_off;
+	int dim;              /* FST_REPLICATE or the sharded dimension */
+	uint64_t full_bytes;
+	/* the tensor seen as [outer, mid, inner_bytes] around dim */
+	uint64_t outer, mid, inner_bytes;
+	uint64_t start, len;  /* this rank's block of mid */
+	uint64_t shard_bytes; /* bytes on this rank */
+	bool contiguous;      /* the shard is one run of file bytes: no broadcast */
+	int owner;            /* the rank that reads it, when broadcast; else -1 */
+	uint64_t dst_off;     /* in this rank's buffer */
+	uint64_t scratch_off; /* in the owner's scratch (inner-dim shards) */
+};
+
+struct fsti_dist {
+	struct fsti_dist_tensor *t;
+	size_t n;
+	uint64_t dst_bytes;     /* this rank's buffer */
+	uint64_t scratch_bytes; /* owned inner-dim shards, read whole */
+	uint64_t temp_bytes;    /* the largest inner-dim tensor, received whole */
+	uint64_t read_bytes;    /* bytes this rank reads from storage */
+};
+
+int fsti_dist_layout(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
+		     const int *dims, int world, int rank, uint32_t align, struct fsti_dist *out,
+		     fst_error *err);
+void fsti_dist_free(struct fsti_dist *d);
+
+#endif

@@ -1,0 +1,243 @@
+"""GPU loads through the libcuda test double (tests/doubles/cuda_double.c):
+its "device memory" is host memory that only the driver API may touch, so
+numpy cannot view it, but Tensor.tobytes() copies it back through
+cuMemcpyDtoH. The driver is loaded once per process, so each test runs its
+checks in a fresh interpreter with FST_CUDA_LIBRARY set (fixture
+run_python); the child asserts, the parent reports its traceback."""
+import json
+
+import numpy as np
+import pytest
+
+from fsttest import Header, file_bytes, write_safetensors
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, gen_dir):
+    rng = np.random.default_rng(12)
+    d = tmp_path_factory.mktemp("cu")
+    parts = [("pad", "U8", (3,), b"\x07\x08\x09"),
+             ("w", "F32", (33, 17), rng.standard_normal((33, 17)).astype(np.float32).tobytes()),
+             ("s", "F64", (), np.float64(2.5).tobytes()),
+             ("e", "I16", (0, 3), b""),
+             ("bf", "BF16", (4, 4), rng.integers(0, 1 << 16, 16, dtype=np.uint16).tobytes()),
+             ("f8", "F8_E4M3", (5,), bytes(range(5)))]
+    single = write_safetensors(d / "one.safetensors", parts, metadata={"format": "pt"})
+    sharded = gen_dir(shards=2, seed=51, size="2MiB", misaligned=True)
+    return str(single), str(sharded)
+
+
+def expected(path):
+    from pathlib import Path
+    p = Path(path)
+    out = {}
+    for f in (sorted(p.glob("*.safetensors")) if p.is_dir() else [p]):
+        h, blob = Header(f), file_bytes(f)
+        for name, info in h.tensors.items():
+            b, e = info["data_offsets"]
+            out[name] = [info["dtype"], info["shape"], blob[h.data_offset + b:h.data_offset + e].hex()]
+    return out
+
+
+def run_cuda(run_python, cuda_double, code, **env):
+    r = run_python(code, env={"FST_CUDA_LIBRARY": cuda_double, **env})
+    assert r.returncode == 0, f"child failed ({r.returncode}):\n{r.stdout}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+PRELUDE = """
+import gc, json, sys
+import numpy as np
+import fst
+_fst = fst._fst
+"""
+
+
+def want_file(tmp_path, path, name="want.json"):
+    """expected(path) saved as JSON for a child to read (too big for argv)."""
+    f = tmp_path / name
+    f.write_text(json.dumps(expected(path)))
+    return str(f)
+
+
+def test_low_level_load_to_cuda(run_python, cuda_double, files, tmp_path):
+    single, sharded = files
+    w1, w2 = want_file(tmp_path, single, "1.json"), want_file(tmp_path, sharded, "2.json")
+    out = run_cuda(run_python, cuda_double, PRELUDE + f"""
+for path, wf in (({single!r}, {w1!r}), ({sharded!r}, {w2!r})):
+    want = json.load(open(wf))
+    ck = _fst.Checkpoint(path)
+    for dev, devid in (("cuda:0", 0), ("cuda:1", 1), ("cuda", 0)):
+        for io in (0, 1, 2):
+            buf = _fst.load(ck, device=dev, io=io)
+            assert sorted(buf.names()) == sorted(want)
+            assert "GPU" in buf.describe() or "cuda" in buf.describe(), buf.describe()
+            for name, (dtype, shape, hexbytes) in want.items():
+                t = buf.tensor(name)
+                assert t.device == f"cuda:{{devid}}", t.device
+                assert t.__dlpack_device__() == (2, devid)
+                assert (t.dtype, list(t.shape)) == (dtype, shape)
+                assert t.data_ptr % 256 == 0
+                assert t.tobytes().hex() == hexbytes, (name, dev, io)
+            # tensors outlive their buffer and checkpoint objects
+            t = buf.tensor(name)
+            del buf
+            gc.collect()
+            assert t.tobytes().hex() == hexbytes
+print("ok")
+""")
+    assert out.strip() == "ok"
+
+
+def test_streaming_to_cuda(run_python, cuda_double, files, tmp_path):
+    single, sharded = files
+    out = run_cuda(run_python, cuda_double, PRELUDE + f"""
+want = json.load(open({want_file(tmp_path, sharded)!r}))
+ck = _fst.Checkpoint({sharded!r})
+loader = _fst.start(ck, device="cuda:0", threads=2)
+seen = {{}}
+while True:
+    t = loader.next()
+    if t is None:
+        break
+    assert t.name not in seen
+    seen[t.name] = t
+done, total = loader.progress()
+assert done == total == sum(len(v[2]) // 2 for v in want.values()), (done, total)
+buf = loader.finish()
+del loader, ck, buf
+gc.collect()
+assert sorted(seen) == sorted(want)
+for name, t in seen.items():
+    assert t.tobytes().hex() == want[name][2], name
+print("ok")
+""")
+    assert out.strip() == "ok"
+
+
+def test_numpy_framework_refuses_cuda(run_python, cuda_double, files):
+    """framework='numpy' with a GPU target raises the documented UsageError
+    before anything is loaded, from every entry point; GPU tensors are not
+    importable by numpy."""
+    single, _ = files
+    out = run_cuda(run_python, cuda_double, PRELUDE + f"""
+calls = [
+    lambda: fst.load({single!r}, device="cuda:0", framework="numpy"),
+    lambda: fst.load_file({single!r}, "cuda:0", framework="numpy"),
+    lambda: fst.load_file({single!r}, 0, framework="numpy"),
+    lambda: fst.safe_open({single!r}, framework="numpy", device="cuda:1"),
+    lambda: next(fst.iter_tensors({single!r}, device="cuda", framework="numpy")),
+    lambda: fst.fastsafe_open({single!r}, framework="numpy", device="cuda:0"),
+]
+for call in calls:
+    try:
+        call()
+    except fst.UsageError as e:
+        assert "numpy arrays live on the CPU" in str(e), e
+    else:
+        raise AssertionError("no error")
+t = _fst.load(_fst.Checkpoint({single!r}), device="cuda:0").tensor("w")
+try:
+    np.from_dlpack(t)
+except (RuntimeError, BufferError, ValueError, TypeError) as e:
+    print("numpy refuses:", type(e).__name__)
+else:
+    raise AssertionError("numpy imported device memory")
+try:
+    t.__dlpack__(dl_device=(1, 0))
+except BufferError as e:
+    assert "not (1, 0)" in str(e)
+print("ok")
+""")
+    assert out.strip().endswith("ok"), out
+
+
+def test_cuda_errors(run_python, cuda_double, files):
+    single, _ = files
+    out = run_cuda(run_python, cuda_double, PRELUDE + f"""
+ck = _fst.Checkpoint({single!r})
+for dev in ("cuda:2", "cuda:9"):
+    try:
+        _fst.load(ck, device=dev)
+    except fst.UsageError as e:
+        assert "out of range (2 devices)" in str(e), e
+    else:
+        raise AssertionError(dev)
+print("ok")
+""")
+    assert out.strip() == "ok"
+    # device memory too small: DeviceError naming the device and the size
+    out = run_cuda(run_python, cuda_double, PRELUDE + f"""
+try:
+    _fst.load(_fst.Checkpoint({single!r}), device="cuda:0")
+except fst.DeviceError as e:
+    print("DeviceError", e.code, e)
+""", FST_DOUBLE_MEM="1000")
+    assert out.startswith("DeviceError -5 cuda:0: cannot allocate"), out
+    # a copy failing mid-load: DeviceError naming the file; the process goes on
+    out = run_cuda(run_python, cuda_double, PRELUDE + f"""
+try:
+    _fst.load(_fst.Checkpoint({single!r}), device="cuda:0", chunk_bytes=4096)
+except fst.DeviceError as e:
+    print("DeviceError", e)
+b = _fst.load(_fst.Checkpoint({single!r}), device="cuda:0")
+print(len(b))
+""", FST_FAULT="h2d:1")
+    lines = out.splitlines()
+    assert lines[0].startswith("DeviceError ") and "one.safetensors" in lines[0], out
+    assert lines[1] == "6"
+
+
+def test_no_driver(run_python, files):
+    single, _ = files
+    r = run_python(f"""
+import fst
+try:
+    fst._fst.load(fst._fst.Checkpoint({single!r}), device="cuda:0")
+except fst.DeviceError as e:
+    print("DeviceError", e)
+""", env={"FST_CUDA_LIBRARY": "/nonexistent/libcuda.so.1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("DeviceError no CUDA driver"), r.stdout
+
+
+def test_allocator_bridge_on_cuda(run_python, cuda_double, files, tmp_path):
+    """A caller's allocator for device memory (what torch_allocator=True
+    plugs torch's caching allocator into): called once per load with the
+    device, freed once when the last tensor goes. The allocator here calls
+    the double's own cuMemAlloc through ctypes (the double checks that every
+    copy lands inside one of its allocations)."""
+    single, _ = files
+    out = run_cuda(run_python, cuda_double, PRELUDE + f"""
+import ctypes
+want = json.load(open({want_file(tmp_path, single)!r}))
+cu = ctypes.CDLL({cuda_double!r})  # the same handle fst dlopen()ed
+blocks, calls = {{}}, []
+def alloc(size, align, device_type, device_id):
+    calls.append(("alloc", size, align, device_type, device_id))
+    ctx, p = ctypes.c_void_p(), ctypes.c_uint64()
+    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device_id) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+    assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size)) == 0
+    blocks[p.value] = size
+    return p.value
+def free(ptr, size, device_type, device_id):
+    calls.append(("free", size, device_type, device_id))
+    assert cu.cuMemFree_v2(ctypes.c_uint64(ptr)) == 0
+    del blocks[ptr]
+buf = _fst.load(_fst.Checkpoint({single!r}), device="cuda:1", allocator=(alloc, free))
+t = buf.tensor("w")
+assert any(p <= t.data_ptr < p + n for p, n in blocks.items())
+del buf
+gc.collect()
+assert len(blocks) == 1 and t.tobytes().hex() == want["w"][2]
+del t
+gc.collect()
+assert len(blocks) == 0
+kinds = [c[0] for c in calls]
+assert kinds == ["alloc", "free"], calls
+assert calls[0][3:] == (2, 1) and calls[1][2:] == (2, 1), calls
+assert calls[0][1] >= sum(len(v[2]) // 2 for v in want.values())
+print("ok", sys.getrefcount(alloc), sys.getrefcount(free))
+""")
+    assert out.strip() == "ok 2 2"
