@@ -94,8 +94,24 @@ int fst_comm_init(int world, int rank, const unsigned char id[FST_COMM_ID_BYTES]
 					      "rank %d of %d: ncclCommInitRank failed: %s", rank,
 					      world, nc->ncclGetErrorString(r));
 	}
+	/* One collective now: NCCL connects peers lazily, inside the first
+	 * collective call, where a vanished peer blocks the call itself beyond
+	 * any deadline of ours. Connected here, later waits are ours to bound. */
+	CUdeviceptr probe = 0;
+	if (!rc && cu->cuMemAlloc_v2(&probe, 256) == 0) {
+		int r = nc->ncclAllReduce((void *)(uintptr_t)probe, (void *)(uintptr_t)probe, 1,
+					  FSTI_NCCL_INT32, FSTI_NCCL_MAX, c->comm, c->stream);
+		CUresult sr = r ? 0 : cu->cuStreamSynchronize(c->stream);
+		if (r || sr)
+			rc = fsti_err_backend(err, FST_EDEVICE, r ? r : sr,
+					      "rank %d of %d: the first collective failed: %s", rank,
+					      world, r ? nc->ncclGetErrorString(r) : "stream error");
+		cu->cuMemFree_v2(probe);
+	}
 	fsti_cuda_restore(saved);
 	if (rc) {
+		if (c && c->comm)
+			nc->ncclCommAbort(c->comm);
 		if (c && c->stream)
 			cu->cuStreamDestroy_v2(c->stream);
 		fsti_free(c);

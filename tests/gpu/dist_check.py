@@ -84,10 +84,10 @@ def main():
             f"{stats['describe']}")
     elif mode == "fail":
         if rank == 1:
-            fst._fst.fault_set("read:1")  # this rank's first read fails
+            fst._fst.fault_set("read:1")  # this rank's first tensor read fails
         t0 = time.perf_counter()
         try:
-            fst.load_sharded(path, comm, dims)
+            fst.load_sharded(ck, comm, dims)
             say("FAIL: the load succeeded")
             sys.exit(1)
         except fst.SafetensorError as e:
@@ -98,7 +98,7 @@ def main():
             os._exit(0)
         t0 = time.perf_counter()
         try:
-            fst.load_sharded(path, comm, dims)
+            fst.load_sharded(ck, comm, dims)
             say("FAIL: the load succeeded")
             sys.exit(1)
         except fst.SafetensorError as e:
