@@ -20,7 +20,7 @@
 static void help(FILE *out)
 {
 	fprintf(out,
-		"usage: fst gen OUTDIR [--size 1GiB] [--shards 4] [--seed N] [--misaligned]\n"
+		"usage: fst gen OUTDIR [--size 1GiB] [--shards 4] [--seed N] [--dtype T] [--misaligned]\n"
 		"\n"
 		"Writes a synthetic decoder-LLM checkpoint: embedding, per-layer attention\n"
 		"(q, k, v, o) and MLP (gate, up, down) projections in BF16, F32 norms, lm_head;\n"
@@ -30,6 +30,7 @@ static void help(FILE *out)
 		"                  powers of 1024, KB/MB/GB/TB of 1000)\n"
 		"  --shards N      number of files (default 4)\n"
 		"  --seed N        generator seed (default 0); the same seed gives the same bytes\n"
+		"  --dtype T       the weights' dtype: BF16 (default), F16 or F32\n"
 		"  --misaligned    add odd-sized U8 scale tensors that misalign the tensors after\n"
 		"                  them, and start each data section 8 bytes past a 16-byte boundary\n"
 		"  -h, --help      this help\n");
@@ -59,11 +60,21 @@ static uint64_t word_at(const struct gtensor *t, uint64_t w)
 	uint64_t r = splitmix64(t->seed ^ (t->id << 44) ^ w);
 	switch (t->dtype) {
 	case FST_DTYPE_BF16: {
-		/* Four finite BF16 values in [-1, 1): sign, exponent 120..127. */
+		/* Four finite BF16 values, magnitudes 2^-7 to 2: exponent 120..127. */
 		uint64_t out = 0;
 		for (int k = 0; k < 4; k++) {
 			uint64_t b = (r >> (16 * k)) & 0xFFFF;
 			uint64_t v = (b & 0x8000) | ((120 + ((b >> 7) & 7)) << 7) | (b & 0x7F);
+			out |= v << (16 * k);
+		}
+		return out;
+	}
+	case FST_DTYPE_F16: {
+		/* Four finite F16 values, magnitudes 2^-3 to 2: exponent 12..15. */
+		uint64_t out = 0;
+		for (int k = 0; k < 4; k++) {
+			uint64_t b = (r >> (16 * k)) & 0xFFFF;
+			uint64_t v = (b & 0x8000) | ((12 + ((b >> 10) & 3)) << 10) | (b & 0x3FF);
 			out |= v << (16 * k);
 		}
 		return out;
@@ -134,7 +145,8 @@ static uint64_t round_up(uint64_t v, uint64_t m)
 }
 
 /* Choose dimensions so the tensors add up to about size bytes. */
-static int build_model(struct model *m, uint64_t size, bool misaligned, uint64_t seed)
+static int build_model(struct model *m, uint64_t size, bool misaligned, uint64_t seed,
+		       fst_dtype wt)
 {
 	uint64_t h = 64;
 	while (h < 8192 && 4 * 12 * (2 * h) * (2 * h) * 2 <= size)
@@ -149,24 +161,24 @@ static int build_model(struct model *m, uint64_t size, bool misaligned, uint64_t
 		layers = 1;
 	uint64_t scales = h / 32 * 3 + 1; /* odd: misaligns what follows */
 
-	int bad = add(m, FST_DTYPE_BF16, vocab, h, "model.embed_tokens.weight");
+	int bad = add(m, wt, vocab, h, "model.embed_tokens.weight");
 	for (uint64_t l = 0; l < layers && !bad; l++) {
 		const char *p = "model.layers";
 		bad |= add(m, FST_DTYPE_F32, h, 0, "%s.%" PRIu64 ".input_layernorm.weight", p, l);
-		bad |= add(m, FST_DTYPE_BF16, h, h, "%s.%" PRIu64 ".self_attn.q_proj.weight", p, l);
-		bad |= add(m, FST_DTYPE_BF16, kv, h, "%s.%" PRIu64 ".self_attn.k_proj.weight", p, l);
-		bad |= add(m, FST_DTYPE_BF16, kv, h, "%s.%" PRIu64 ".self_attn.v_proj.weight", p, l);
-		bad |= add(m, FST_DTYPE_BF16, h, h, "%s.%" PRIu64 ".self_attn.o_proj.weight", p, l);
+		bad |= add(m, wt, h, h, "%s.%" PRIu64 ".self_attn.q_proj.weight", p, l);
+		bad |= add(m, wt, kv, h, "%s.%" PRIu64 ".self_attn.k_proj.weight", p, l);
+		bad |= add(m, wt, kv, h, "%s.%" PRIu64 ".self_attn.v_proj.weight", p, l);
+		bad |= add(m, wt, h, h, "%s.%" PRIu64 ".self_attn.o_proj.weight", p, l);
 		bad |= add(m, FST_DTYPE_F32, h, 0, "%s.%" PRIu64 ".post_attention_layernorm.weight",
 			   p, l);
 		if (misaligned)
 			bad |= add(m, FST_DTYPE_U8, scales, 0, "%s.%" PRIu64 ".mlp.scales", p, l);
-		bad |= add(m, FST_DTYPE_BF16, inter, h, "%s.%" PRIu64 ".mlp.gate_proj.weight", p, l);
-		bad |= add(m, FST_DTYPE_BF16, inter, h, "%s.%" PRIu64 ".mlp.up_proj.weight", p, l);
-		bad |= add(m, FST_DTYPE_BF16, h, inter, "%s.%" PRIu64 ".mlp.down_proj.weight", p, l);
+		bad |= add(m, wt, inter, h, "%s.%" PRIu64 ".mlp.gate_proj.weight", p, l);
+		bad |= add(m, wt, inter, h, "%s.%" PRIu64 ".mlp.up_proj.weight", p, l);
+		bad |= add(m, wt, h, inter, "%s.%" PRIu64 ".mlp.down_proj.weight", p, l);
 	}
 	bad |= add(m, FST_DTYPE_F32, h, 0, "model.norm.weight");
-	bad |= add(m, FST_DTYPE_BF16, vocab, h, "lm_head.weight");
+	bad |= add(m, wt, vocab, h, "lm_head.weight");
 	for (size_t i = 0; i < m->n; i++)
 		m->t[i].seed = splitmix64(seed);
 	return bad;
@@ -179,11 +191,13 @@ int cmd_gen(int argc, char **argv)
 		{"shards", required_argument, NULL, 'n'},
 		{"seed", required_argument, NULL, 'S'},
 		{"misaligned", no_argument, NULL, 'm'},
+		{"dtype", required_argument, NULL, 'd'},
 		{"help", no_argument, NULL, 'h'},
 		{0, 0, 0, 0},
 	};
 	uint64_t size = 1ull << 30, shards = 4, seed = 0;
 	bool misaligned = false;
+	fst_dtype wt = FST_DTYPE_BF16;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -207,6 +221,13 @@ int cmd_gen(int argc, char **argv)
 			}
 			break;
 		case 'm': misaligned = true; break;
+		case 'd':
+			wt = fst_dtype_from_name(optarg);
+			if (wt != FST_DTYPE_BF16 && wt != FST_DTYPE_F16 && wt != FST_DTYPE_F32) {
+				cli_error("gen", "--dtype \"%s\": expected BF16, F16 or F32", optarg);
+				return EXIT_USAGE;
+			}
+			break;
 		case 'h': help(stdout); return EXIT_OK;
 		default: help(stderr); return EXIT_USAGE;
 		}
@@ -235,7 +256,7 @@ int cmd_gen(int argc, char **argv)
 	}
 
 	struct model m = {0};
-	if (build_model(&m, size, misaligned, seed)) {
+	if (build_model(&m, size, misaligned, seed, wt)) {
 		cli_error("gen", "out of memory");
 		free(m.t);
 		return EXIT_NOMEM;
