@@ -410,7 +410,8 @@ FST_API int fst_load(const fst_checkpoint *ckpt, const fst_load_opts *opts, fst_
  * reader threads; fst_loader_next blocks until another tensor is complete and
  * returns 1 with a view of it, 0 when every tensor has been handed out, or a
  * negative code on failure (the load's first error). fst_loader_finish waits
- * for the end and hands over the buffer (*out may be NULL to drop it).
+ * for the end, hands over the buffer (*out may be NULL to drop it) and
+ * frees the loader, whatever it returns: do not call fst_loader_free after.
  * ckpt must stay open until fst_loader_finish or fst_loader_free returns
  * (since 0.1).
  */
@@ -558,8 +559,10 @@ FST_API int fst_comm_world(const fst_comm *comm);
  * its rank alone, with no communication; every other tensor is read by one
  * rank (balanced by bytes) and broadcast, and a shard along an inner
  * dimension is then cut out by a strided device copy. The buffer's views
- * have the shard shapes. opts->device is taken from comm. Every rank returns
- * the same status: a rank that fails makes all fail (since 0.1).
+ * have the shard shapes. opts->device is taken from comm; opts->allocator is
+ * not used and GPUDirect Storage is off (reads go through pinned staging).
+ * Every rank returns the same status: a rank that fails makes all fail
+ * (since 0.1).
  */
 FST_API int fst_load_sharded(const fst_checkpoint *ckpt, const fst_load_opts *opts,
 			     fst_comm *comm, const int *dims, fst_buffer **out, fst_error *err);

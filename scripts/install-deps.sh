@@ -5,7 +5,7 @@
 set -euo pipefail
 
 APT_PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev
-	libjansson-dev liburing-dev libcmocka-dev libxxhash-dev python3 python3-pip valgrind)
+	libjansson-dev liburing-dev libcmocka-dev libxxhash-dev libssl-dev python3 python3-pip valgrind)
 PY_PACKAGES=(numpy safetensors pytest ml_dtypes)
 
 missing=()

@@ -7,7 +7,9 @@
  * thread per stream that sleeps a little before each operation, and the
  * destination is poisoned (0xDB) when a copy is queued, so any read made
  * before the copy's completion has been waited for sees poison, and any
- * staging buffer reused too early corrupts what lands. Device-to-host
+ * staging buffer reused too early corrupts what lands. Strided device
+ * copies (cuMemcpy2DAsync, for tensor-parallel shards) are late and
+ * poisoned the same way; cuStreamQuery says when a stream is idle. Device-to-host
  * copies are immediate and wait for nothing, like copies beside
  * non-blocking streams on a real GPU.
  *

@@ -3,7 +3,7 @@
  * real cufile.h: sizes, field offsets, constants and function types. Built
  * and run on a machine with the CUDA toolkit's cufile.h:
  *   cc -std=c11 -I/usr/local/cuda/include -iquote src \
- *      tests/gpu/check_cufile_decls.c -o check && ./check
+ *      tests/gpu/check_cufile_decls.c -L/usr/local/cuda/lib64 -lcufile -o check && ./check
  */
 #define _GNU_SOURCE /* cufile.h uses loff_t */
 #include <stdio.h>

@@ -173,8 +173,23 @@ def test_safe_open_usage_errors(fst_pkg, good):
         f.get_tensor("a")  # options are checked at the first load
 
 
-def test_low_level_argument_errors(fst_pkg, good):
-    """The extension refuses wrong types cleanly (no crash)."""
+def test_low_level_argument_errors(fst_pkg, good, run_python):
+    """The extension refuses wrong types cleanly. The calls that once
+    crashed the interpreter (a load whose arguments fail to parse freed
+    uninitialised memory) run in a child process first."""
+    r = run_python(f"""
+        import fst
+        ck = fst._fst.Checkpoint({str(good)!r})
+        for call in (lambda: fst._fst.load({str(good)!r}), lambda: fst._fst.start("x"),
+                     lambda: fst._fst.load(ck, io="x"), lambda: fst._fst.load(ck, allocator=3),
+                     lambda: fst._fst.load(ck, names=5)):
+            try:
+                call()
+            except TypeError as e:
+                print("TypeError", e)
+    """)
+    assert r.returncode == 0, f"crashed ({r.returncode}): {r.stderr[-2000:]}"
+    assert r.stdout.count("TypeError") == 5, r.stdout
     _fst = fst_pkg._fst
     ck = _fst.Checkpoint(str(good))
     with pytest.raises(TypeError):

@@ -8,7 +8,6 @@ over it dies. Measured without weakrefs: the process's resident memory
 caller-allocator bridge (the mechanism behind torch_allocator=True)."""
 import gc
 import os
-import sys
 
 import numpy as np
 import pytest

@@ -12,7 +12,6 @@ import sys
 import numpy as np
 import pytest
 import safetensors.numpy as st_np
-from safetensors import deserialize
 from safetensors import safe_open as ref_safe_open
 
 from fsttest import (

@@ -28,7 +28,11 @@ def raw_bytes(t):
     t = t.detach().to("cpu").contiguous()
     if t.numel() == 0:
         return b""
-    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    flat = t.reshape(-1)
+    signed = {getattr(torch, f"uint{b}", None): getattr(torch, f"int{b}") for b in (16, 32, 64)}
+    if flat.dtype in signed:  # torch's shell unsigned types support few ops
+        flat = flat.view(signed[flat.dtype])
+    return flat.view(torch.uint8).numpy().tobytes()
 
 
 def file_tensors(path):
@@ -130,7 +134,10 @@ def test_exotic_dtypes(fst_pkg, tmp_path, device):
         assert tuple(t.shape) == shapes.get(name, shape), (name, t.shape)
         assert raw_bytes(t) == raw, name
     # the reference agrees where it knows the dtype
-    ref = st_torch.load_file(str(p)) if hasattr(torch, "float8_e4m3fn") else {}
+    try:  # the reference may refuse F4 / F6 / E8M0 in the same file
+        ref = st_torch.load_file(str(p))
+    except Exception:  # noqa: BLE001
+        ref = {}
     for name in ("e4m3", "e5m2", "bf16"):
         if name in ref:
             assert raw_bytes(ref[name]) == raw_bytes(got[name]) and ref[name].dtype == got[name].dtype

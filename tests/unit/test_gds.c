@@ -14,12 +14,12 @@
  * registration failing with 5016, short reads (resumed, never a failure),
  * reads failing after N bytes (the file falls back mid-load under auto), and
  * failing with a cuFile code or with -1 and errno. The fault sites
- * cufile_register and cufile_read behave like the switches. Bugs in src/
- * these tests found are checked as KNOWN BUG (FST_TEST_STRICT=1 fails them):
- * the destination stays registered with cuFile after a successful load (so
- * the next load at the same address is refused), gds.c opens files again
- * by path (a memory image or a descriptor opened under a label has none).
- * A path replaced since the file was opened is never read with cuFile; a
+ * cufile_register and cufile_read behave like the switches. Two bugs these
+ * tests found stay checked as regressions: the destination stayed
+ * registered with cuFile after a successful load (so the next load at the
+ * same address was refused), and gds.c opened files again by path (a memory
+ * image or a descriptor opened under a label has none). A path replaced
+ * since the file was opened keeps cuFile, reading the opened file; a
  * filter, cancelling, a caller's allocator and two loads at once work with
  * cuFile too. */
 #include "gds_helpers.h"

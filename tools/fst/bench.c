@@ -34,6 +34,8 @@ static void help(FILE *out)
 		"\n" CLI_LOAD_OPTIONS_HELP
 		"  --runs N        runs of each warm measurement, best kept (default 3)\n"
 		"  --no-cold       skip the cold measurements\n"
+		"  --check FILE    also time loads checked against a manifest (fst verify\n"
+		"                  --manifest), into reused memory like the row before\n"
 		"  --no-reference  skip the reference loader\n"
 		"  --json          print the results as one JSON object\n"
 		"  -h, --help      this help\n");
@@ -333,6 +335,7 @@ int cmd_bench(int argc, char **argv)
 	static const struct option opts[] = {
 		CLI_LOAD_OPTIONS,
 		{"runs", required_argument, NULL, 'r'},
+		{"check", required_argument, NULL, 'k'},
 		{"no-cold", no_argument, NULL, 'C'},
 		{"no-reference", no_argument, NULL, 'R'},
 		{"json", no_argument, NULL, 'j'},
@@ -343,6 +346,7 @@ int cmd_bench(int argc, char **argv)
 	fst_load_opts_init(&lo);
 	uint64_t runs = 3;
 	bool cold = true, reference = true, as_json = false;
+	const char *manifest = NULL;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -359,6 +363,7 @@ int cmd_bench(int argc, char **argv)
 			}
 			break;
 		case 'C': cold = false; break;
+		case 'k': manifest = optarg; break;
 		case 'R': reference = false; break;
 		case 'j': as_json = true; break;
 		case 'h': help(stdout); return EXIT_OK;
@@ -405,7 +410,7 @@ int cmd_bench(int argc, char **argv)
 	memset(dst, 1, span);
 
 	struct row rows[14];
-	struct row *reused = NULL;
+	struct row *reused = NULL, *checked_row = NULL;
 	int nrows = 0, rc = EXIT_OK;
 	double best;
 	char why[200] = "";
@@ -489,6 +494,32 @@ int cmd_bench(int argc, char **argv)
 		rows[nrows] = (struct row){"fst load (warm, reused memory)", best, ""};
 		snprintf(rows[nrows++].note, sizeof rows[0].note,
 			 "into memory already faulted in (an allocator hook)");
+		if (manifest) {
+			best = 0;
+			for (uint64_t r = 0; r < runs && rc == EXIT_OK; r++) {
+				fst_checkpoint *ck2;
+				fst_buffer *b2 = NULL;
+				size_t nchecked = 0;
+				double t0 = cli_now();
+				int lrc = fst_checkpoint_open(path, &ck2, &err);
+				if (!lrc) {
+					lrc = cli_load_checked(ck2, &lr, manifest, &b2, &nchecked, &err);
+					fst_checkpoint_close(ck2);
+				}
+				double s = cli_now() - t0;
+				fst_buffer_release(b2);
+				if (lrc) {
+					cli_error("bench", "%s", err.message);
+					rc = cli_exit_code(lrc);
+				}
+				best = best == 0 || s < best ? s : best;
+			}
+			checked_row = &rows[nrows];
+			rows[nrows] = (struct row){"fst load --check (warm, reused memory)", best, ""};
+			snprintf(rows[nrows++].note, sizeof rows[0].note,
+				 "XXH3-128 of each tensor as it streams, against %s",
+				 cli_basename(manifest));
+		}
 	}
 	struct row *ref_warm = NULL;
 	if (reference && rc == EXIT_OK) {
@@ -583,7 +614,9 @@ int cmd_bench(int argc, char **argv)
 				    json_real(fw / (pl < hl ? pl : hl)));
 	if (fw && rw)
 		json_object_set_new(ratios, "fst_warm_vs_reference", json_real(fw / rw));
-	double fr = RATE(reused, gb_tensors);
+	double fr = RATE(reused, gb_tensors), fk = RATE(checked_row, gb_tensors);
+	if (fk && fr)
+		json_object_set_new(ratios, "fst_checked_vs_unchecked", json_real(fk / fr));
 	if (fr && pl)
 		json_object_set_new(ratios, "fst_reused_memory_vs_pread_limit", json_real(fr / pl));
 	if (fc && od)

@@ -12,7 +12,7 @@
 static void help(FILE *out)
 {
 	fprintf(out,
-		"usage: fst doctor [PATH] [--device DEV] [--json]\n"
+		"usage: fst doctor [PATH] [--device DEV] [--no-copy-test] [--json]\n"
 		"\n"
 		"Reports the CUDA driver and devices (name, memory, PCIe link, integrated or\n"
 		"not, GPUDirect RDMA attribute), measures pinned host-to-device copies, and,\n"

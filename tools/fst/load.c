@@ -4,6 +4,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -17,9 +18,12 @@ static void help(FILE *out)
 		"\n" CLI_LOAD_OPTIONS_HELP
 		"  --json          print the summary as one JSON object\n"
 		"  --no-progress   no progress bar (it shows only on a terminal)\n"
+		"  --check FILE    check every tensor's XXH3-128 against a manifest written by\n"
+		"                  `fst verify --manifest`, while the load streams (exit 3 on a\n"
+		"                  mismatch)\n"
 		"  -h, --help      this help\n"
 		"\n"
-		"Exit: 0 loaded, 1 usage, 2 invalid input, 4 I/O error, 5 out of memory,\n"
+		"Exit: 0 loaded, 1 usage, 2 invalid input, 3 --check mismatch, 4 I/O error, 5 out of memory,\n"
 		"6 GPU error, 7 unsupported, 8 a file changed during the load.\n");
 }
 
@@ -49,12 +53,14 @@ int cmd_load(int argc, char **argv)
 		CLI_LOAD_OPTIONS,
 		{"json", no_argument, NULL, 'j'},
 		{"no-progress", no_argument, NULL, 'P'},
+		{"check", required_argument, NULL, 'C'},
 		{"help", no_argument, NULL, 'h'},
 		{0, 0, 0, 0},
 	};
 	fst_load_opts lo;
 	fst_load_opts_init(&lo);
 	bool as_json = false, show_progress = true;
+	const char *manifest = NULL;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -66,6 +72,7 @@ int cmd_load(int argc, char **argv)
 		switch (c) {
 		case 'j': as_json = true; break;
 		case 'P': show_progress = false; break;
+		case 'C': manifest = optarg; break;
 		case 'h': help(stdout); return EXIT_OK;
 		default: help(stderr); return EXIT_USAGE;
 		}
@@ -95,7 +102,11 @@ int cmd_load(int argc, char **argv)
 	double t1 = cli_now();
 	bar.t0 = t1;
 	fst_buffer *buf;
-	rc = fst_load(ck, &lo, &buf, &err);
+	size_t checked = 0;
+	if (manifest)
+		rc = cli_load_checked(ck, &lo, manifest, &buf, &checked, &err);
+	else
+		rc = fst_load(ck, &lo, &buf, &err);
 	double t2 = cli_now();
 	if (bar.shown)
 		fputc('\n', stderr);
@@ -104,6 +115,8 @@ int cmd_load(int argc, char **argv)
 		fst_checkpoint_close(ck);
 		return cli_exit_code(rc);
 	}
+	if (manifest && !as_json)
+		printf("checked %zu tensors against %s: all XXH3-128 equal\n", checked, manifest);
 	uint64_t bytes = fst_buffer_tensor_bytes(buf);
 	size_t tensors = fst_buffer_tensor_count(buf);
 	double secs = t2 - t0, gbps = secs > 0 ? (double)bytes / secs / 1e9 : 0;

@@ -10,6 +10,8 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <jansson.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -22,21 +24,73 @@ static void help(FILE *out)
 		"Loads PATH with the fast path, then compares every tensor's bytes with a\n"
 		"plain read of the file.\n"
 		"\n" CLI_LOAD_OPTIONS_HELP
+		"  --hash          also print each tensor's XXH3-128 and each file's SHA-256\n"
+		"  --manifest FILE also write them to FILE (JSON) for `fst load --check`\n"
 		"  -h, --help      this help\n"
 		"\n"
 		"Exit: 0 all bytes equal, 3 a mismatch (the first differing tensor and\n"
 		"offset are named), others as for fst load.\n");
 }
 
+/* Each file's SHA-256 and each loaded tensor's XXH3-128; optionally a
+ * manifest with both. */
+static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *manifest)
+{
+	json_t *files = json_object(), *tensors = json_object();
+	int rc = EXIT_OK;
+	for (size_t fi = 0; fi < fst_checkpoint_file_count(ck) && rc == EXIT_OK; fi++) {
+		const char *p = fst_file_path(fst_checkpoint_file(ck, fi));
+		char hex[65];
+		int e = cli_file_sha256(p, hex);
+		if (e) {
+			cli_error("verify", "%s: cannot hash: %s", p, strerror(-e));
+			rc = EXIT_IO;
+			break;
+		}
+		printf("sha256 %s %s\n", hex, p);
+		json_object_set_new(files, cli_basename(p), json_string(hex));
+	}
+	for (size_t i = 0; i < fst_buffer_tensor_count(buf) && rc == EXIT_OK; i++) {
+		fst_tensor_view v;
+		fst_error err;
+		char hex[33];
+		fst_buffer_tensor(buf, i, &v);
+		if (cli_tensor_xxh3(&v, hex, &err)) {
+			cli_error("verify", "tensor \"%s\": cannot hash: %s", v.name, err.message);
+			rc = EXIT_DEVICE;
+		} else {
+			printf("xxh3-128 %s %s\n", hex, v.name);
+			json_object_set_new(tensors, v.name, json_string(hex));
+		}
+		fst_view_release(&v);
+	}
+	if (rc == EXIT_OK && manifest) {
+		json_t *m = json_pack("{s:s, s:o, s:o}", "format", "fst-manifest-1", "files",
+				      json_incref(files), "tensors", json_incref(tensors));
+		if (!m || json_dump_file(m, manifest, JSON_INDENT(1) | JSON_SORT_KEYS)) {
+			cli_error("verify", "%s: cannot write the manifest", manifest);
+			rc = EXIT_IO;
+		}
+		json_decref(m);
+	}
+	json_decref(files);
+	json_decref(tensors);
+	return rc;
+}
+
 int cmd_verify(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		CLI_LOAD_OPTIONS,
+		{"hash", no_argument, NULL, 'H'},
+		{"manifest", required_argument, NULL, 'M'},
 		{"help", no_argument, NULL, 'h'},
 		{0, 0, 0, 0},
 	};
 	fst_load_opts lo;
 	fst_load_opts_init(&lo);
+	bool hash = false;
+	const char *manifest = NULL;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -48,6 +102,15 @@ int cmd_verify(int argc, char **argv)
 		if (c == 'h') {
 			help(stdout);
 			return EXIT_OK;
+		}
+		if (c == 'H') {
+			hash = true;
+			continue;
+		}
+		if (c == 'M') {
+			hash = true;
+			manifest = optarg;
+			continue;
 		}
 		help(stderr);
 		return EXIT_USAGE;
@@ -159,6 +222,8 @@ int cmd_verify(int argc, char **argv)
 		       path, ntensors, cli_human_bytes(hb, sizeof hb, checked), t1 - t0,
 		       fst_buffer_describe(buf));
 	}
+	if (rc == EXIT_OK && hash)
+		rc = print_hashes(ck, buf, manifest);
 out:
 	free(want);
 	free(got);
