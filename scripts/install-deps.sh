@@ -6,7 +6,7 @@ set -euo pipefail
 
 APT_PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev
 	libjansson-dev liburing-dev libcmocka-dev libxxhash-dev libssl-dev python3 python3-pip valgrind)
-PY_PACKAGES=(numpy safetensors pytest ml_dtypes)
+PY_PACKAGES=(numpy safetensors pytest ml_dtypes xxhash)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
