@@ -157,6 +157,11 @@ extern const struct fsti_reader fsti_reader_uring;
 /* Whether io_uring can be set up here (some sandboxes forbid it); cached. */
 bool fsti_uring_available(void);
 
+/* The bytes of a memory image (fst_file_open_memory), which has no
+ * descriptor: they are already in memory and were validated at open. */
+int fsti_copy_from_image(const fst_file *f, uint64_t off, uint64_t len, void *dst,
+			 fst_error *err);
+
 /* pread until len bytes; a short file is FST_ECHANGED. */
 int fsti_pread_exact(int fd, const char *path, void *dst, uint64_t len, uint64_t off,
 		     fst_error *err);

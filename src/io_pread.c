@@ -11,6 +11,18 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+int fsti_copy_from_image(const fst_file *f, uint64_t off, uint64_t len, void *dst,
+			 fst_error *err)
+{
+	if (off > f->size || len > f->size - off)
+		return fsti_err(err, FST_EIO,
+				"%s: read of %" PRIu64 " bytes at offset %" PRIu64
+				" past the end of the %" PRIu64 "-byte image",
+				f->path, len, off, f->size);
+	memcpy(dst, f->mem + off, (size_t)len);
+	return 0;
+}
+
 int fsti_pread_exact(int fd, const char *path, void *dst, uint64_t len, uint64_t off,
 		     fst_error *err)
 {
@@ -64,15 +76,8 @@ static int pread_read(struct fsti_engine *e, void *state, uint32_t file, uint64_
 	/* A memory image (fst_file_open_memory) has no descriptor: its bytes
 	 * are already here, and were validated at open. */
 	const fst_file *f = fst_checkpoint_file(e->ck, file);
-	if (f->fd < 0 && f->mem) {
-		if (off > f->size || len > f->size - off)
-			return fsti_err(err, FST_EIO,
-					"%s: read of %" PRIu64 " bytes at offset %" PRIu64
-					" past the end of the %" PRIu64 "-byte image",
-					f->path, len, off, f->size);
-		memcpy(dst, f->mem + off, (size_t)len);
-		return 0;
-	}
+	if (f->fd < 0 && f->mem)
+		return fsti_copy_from_image(f, off, len, dst, err);
 	return fsti_pread_exact(fsti_engine_fd(e, file), fsti_engine_path(e, file), dst, len, off,
 				err);
 }

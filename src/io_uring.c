@@ -233,12 +233,9 @@ static int uring_start(struct fsti_engine *e, void *state, int slot, uint32_t fi
 	const fst_file *f = fst_checkpoint_file(e->ck, file);
 	if (f->fd < 0 && f->mem) {
 		/* a memory image: nothing to read, never a path to open */
-		if (off > f->size || len > f->size - off)
-			return fsti_err(err, FST_EIO,
-					"%s: read of %" PRIu64 " bytes at offset %" PRIu64
-					" past the end of the %" PRIu64 "-byte image",
-					f->path, len, off, f->size);
-		memcpy(buf, f->mem + off, (size_t)len);
+		int rc = fsti_copy_from_image(f, off, len, buf, err);
+		if (rc)
+			return rc;
 		*win = (struct window){.buf = buf, .off = off, .len = len, .need = len,
 				       .eof_at = UINT64_MAX, .fd = -1, .path = win->path,
 				       .where = buf};
