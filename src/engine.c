@@ -324,6 +324,18 @@ static int check_opts(const fst_load_opts *in, fst_load_opts *o, fst_error *err)
 		return fsti_err(err, FST_EUSAGE, "unknown io method %d", o->io);
 	if (o->gds < FST_GDS_AUTO || o->gds > FST_GDS_OFF)
 		return fsti_err(err, FST_EUSAGE, "unknown gds policy %d", o->gds);
+	/* FST_GDS from the environment decides where the caller left the
+	 * default (auto): deployments can switch GDS off without code. */
+	const char *env = getenv("FST_GDS");
+	if (o->gds == FST_GDS_AUTO && env && *env) {
+		if (!strcmp(env, "on"))
+			o->gds = FST_GDS_ON;
+		else if (!strcmp(env, "off"))
+			o->gds = FST_GDS_OFF;
+		else if (strcmp(env, "auto"))
+			return fsti_err(err, FST_EUSAGE, "FST_GDS=\"%s\": expected auto, on or off",
+					env);
+	}
 	if (!o->align)
 		o->align = DEFAULT_ALIGN;
 	if (o->align & (o->align - 1))

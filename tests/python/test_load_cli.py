@@ -16,6 +16,7 @@ import re
 
 import pytest
 
+import fsttest
 from fsttest import fst, inspect_ok
 
 IOS = ["auto", "pread", "uring", "mmap"]
@@ -354,3 +355,23 @@ def test_bench_runs_usage(small):
         r = fst("bench", small, "--runs", runs)
         assert r.returncode == 1
         assert "--runs" in r.stderr
+
+
+def test_fst_gds_environment(gen_dir, cuda_double):
+    """FST_GDS decides the GDS policy where the caller left the default: on
+    fails with the probe's reason (the double machine has no cuFile), off and
+    auto load, a bad value is a usage error naming it."""
+    ck = gen_dir(shards=2, seed=3, size="1MiB", tag="-gdsenv")
+    base = {"FST_CUDA_LIBRARY": cuda_double, "FST_CUFILE_LIBRARY": "/nonexistent/libcufile.so.0"}
+    r = fsttest.fst("load", ck, "--device", "cuda:0", "--no-progress", env=dict(base, FST_GDS="on"))
+    assert r.returncode == 7 and "gds=on" in r.stderr and "no cuFile library" in r.stderr
+    for policy in ("off", "auto"):
+        r = fsttest.fst("load", ck, "--device", "cuda:0", "--no-progress",
+                        env=dict(base, FST_GDS=policy))
+        assert r.returncode == 0, r.stderr
+    r = fsttest.fst("load", ck, "--device", "cuda:0", "--no-progress", env=dict(base, FST_GDS="bogus"))
+    assert r.returncode == 1 and 'FST_GDS="bogus"' in r.stderr
+    # an explicit --gds wins over the environment
+    r = fsttest.fst("load", ck, "--device", "cuda:0", "--gds", "off", "--no-progress",
+                    env=dict(base, FST_GDS="on"))
+    assert r.returncode == 0, r.stderr
