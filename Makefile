@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test demo fuzz sanitize clean python test-gpu
+.PHONY: all deps test demo fuzz sanitize tsan clean python test-gpu
 
 all: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -14,19 +14,30 @@ $(BUILD)/build.ninja:
 deps:
 	@bash scripts/install-deps.sh
 
-# Every test suite: unit tests, Python oracle tests, and the sanitizer build
-# of the unit tests.
+# Every test suite: unit tests, Python tests, the unit tests under
+# ASan+UBSan and the concurrent ones under TSan, and a short libFuzzer run
+# (10 s a target; `make fuzz` runs longer).
 test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory python
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@$(MAKE) --no-print-directory sanitize
+	@$(MAKE) --no-print-directory tsan
+	@$(MAKE) --no-print-directory fuzz FUZZ_TIME=10
 
 # The unit tests built with AddressSanitizer and UndefinedBehaviorSanitizer.
 sanitize: deps
 	cmake -S . -B $(BUILD)-asan -G Ninja -DFST_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
 	cmake --build $(BUILD)-asan -j $(JOBS)
 	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -E '^python$$'
+
+# The concurrent tests (unit.test_stress, unit.test_engine) built with
+# ThreadSanitizer; tests/tsan.supp says what is suppressed and why.
+tsan: deps
+	cmake -S . -B $(BUILD)-tsan -G Ninja -DFST_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug
+	cmake --build $(BUILD)-tsan -j $(JOBS)
+	cd $(BUILD)-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $${TSAN_OPTIONS:-}" \
+		ctest --output-on-failure -j $(JOBS) -R 'unit.test_(stress|engine)$$'
 
 # The Python package (pip install . builds the extension from src/).
 python: deps
@@ -49,4 +60,4 @@ test-gpu: deps
 	cd $(BUILD) && ctest --output-on-failure -L gpu
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-tsan

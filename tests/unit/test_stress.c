@@ -55,8 +55,8 @@ struct worker {
 	const struct corpus *c;
 	unsigned id;
 	uint64_t seed;
-	char ctx[300];   /* the load being run, for messages */
-	char fail[1200]; /* the first failure; empty when all went well */
+	char ctx[1024];  /* the load being run, for messages */
+	char fail[2304]; /* the first failure; empty when all went well */
 	unsigned loads, shared, filtered, canceled, cancel_late, io[4], mode[MODE_COUNT];
 };
 
@@ -224,7 +224,7 @@ static bool stream(struct worker *w, lh_rng *r, size_t k, const fst_checkpoint *
 		}
 		thread_started = true;
 	}
-	int rc;
+	int rc = 0;
 	for (;;) {
 		if (mode == MODE_CANCEL && !canceled && got == stop_after) {
 			fst_loader_cancel(ld);
@@ -233,6 +233,7 @@ static bool stream(struct worker *w, lh_rng *r, size_t k, const fst_checkpoint *
 		if (mode == MODE_FREE && got == stop_after)
 			break;
 		fst_tensor_view v;
+		memset(&v, 0, sizeof v);
 		rc = fst_loader_next(ld, &v, &err);
 		if (rc <= 0)
 			break;
@@ -364,6 +365,10 @@ static bool one_load(struct worker *w, lh_rng *r)
 					  MODE_CANCEL, MODE_CANCEL_THREAD, MODE_FREE};
 	enum mode mode = modes[lh_below(r, 7)];
 	bool shared = lh_below(r, 2);
+	/* what depends on timing (how many tensors a cancelled load hands out)
+	 * draws from its own generator: every thread's sequence of loads is
+	 * the same from run to run */
+	lh_rng lr = {lh_next(r)};
 	snprintf(w->ctx, sizeof w->ctx,
 		 "checkpoint %zu (%s) io=%s threads=%u chunk=%" PRIu64 " staging=%" PRIu64
 		 " align=%u filter=%u%% mode=%d %s handle",
@@ -389,7 +394,7 @@ static bool one_load(struct worker *w, lh_rng *r)
 			W_FAIL(w, "load: %s", err.message);
 		}
 	} else {
-		ok = stream(w, r, k, ck, &o, filtered ? &flt : NULL, mode, &buf);
+		ok = stream(w, &lr, k, ck, &o, filtered ? &flt : NULL, mode, &buf);
 	}
 	if (ok && filtered && !flt.calls && fst_checkpoint_tensor_count(ck)) {
 		fst_buffer_release(buf);
@@ -398,8 +403,8 @@ static bool one_load(struct worker *w, lh_rng *r)
 	}
 	/* the buffer outlives its checkpoint handle */
 	fst_checkpoint_close(own);
-	if (ok && shared && lh_below(r, 4) == 0)
-		ok = poke_shared(w, r, k);
+	if (ok && shared && lh_below(&lr, 4) == 0)
+		ok = poke_shared(w, &lr, k);
 	if (ok && buf)
 		ok = check_buffer(w, k, buf, &o, filtered ? &flt : NULL);
 	fst_buffer_release(buf);
