@@ -9,10 +9,11 @@
  * no communication. Every other tensor is read by one owner, chosen so the
  * owners' bytes balance, and broadcast; a shard along an inner dimension is
  * then cut out of the broadcast copy by a strided device copy. Reading uses
- * the ordinary engine (fsti_load_pieces); collectives run on one stream and
- * are waited for with a deadline, so a rank that fails or vanishes makes
- * the others fail instead of hang. Before any collective the ranks agree on
- * whether every read succeeded.
+ * the ordinary engine (fsti_load_pieces), group by group, while the
+ * previous group's collectives run on one stream; they are waited for with
+ * a deadline, so a rank that fails or vanishes makes the others fail
+ * instead of hang, and at the end the ranks agree on whether every read
+ * succeeded.
  */
 #include "cuda.h"
 #include "dist.h"
@@ -25,6 +26,10 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Broadcast bytes per pipeline step: reads of the next step overlap the
+ * collectives of this one. */
+#define GROUP_BYTES (256ull << 20)
 
 struct fst_comm {
 	const struct fsti_nccl *nc;
@@ -240,12 +245,13 @@ void fsti_dist_free(struct fsti_dist *d)
 	memset(d, 0, sizeof *d);
 }
 
-/* The reads of this rank: into the final buffer, or into its scratch. */
-static size_t rank_pieces(const struct fsti_dist *d, int rank, bool scratch,
-			  struct fsti_plan_tensor *p)
+/* The reads of this rank among tensors [i0, i1): into the final buffer,
+ * or into its scratch. */
+static size_t rank_pieces(const struct fsti_dist *d, int rank, bool scratch, size_t i0,
+			  size_t i1, struct fsti_plan_tensor *p)
 {
 	size_t n = 0;
-	for (size_t i = 0; i < d->n; i++) {
+	for (size_t i = i0; i < i1; i++) {
 		const struct fsti_dist_tensor *t = &d->t[i];
 		if (t->contiguous && !scratch && t->shard_bytes) {
 			p[n++] = (struct fsti_plan_tensor){t->file, t->entry,
@@ -428,94 +434,101 @@ int fst_load_sharded(const fst_checkpoint *ck, const fst_load_opts *opts_in, fst
 		 "broadcast the rest over NCCL",
 		 c->rank, c->world, d.read_bytes);
 
-	/* reads: into place, and the owned inner-dim shards into scratch */
+	/*
+	 * Pipelined, group by group (GROUP_BYTES of broadcast each): while the
+	 * collectives of one group run on the communicator's stream, this
+	 * thread reads the next group. A rank whose reads fail goes on issuing
+	 * the same collectives (sending what it has), so no rank waits for it;
+	 * the agreement at the end makes every rank fail together.
+	 */
 	fst_error rerr;
 	fsti_err_clear(&rerr);
 	int read_rc = 0;
-	size_t np = rank_pieces(&d, c->rank, false, pieces);
-	if (np)
-		read_rc = fsti_load_pieces(ck, &opts, pieces, np, b->base, b->size, &rerr);
-	if (!read_rc && d.scratch_bytes) {
-		cr = cu->cuMemAlloc_v2(&scratch, d.scratch_bytes);
-		if (cr)
-			read_rc = fsti_cuda_fail(cu, cr, &rerr, "cuda:%d: cannot allocate %" PRIu64
-								" bytes of scratch",
-						 c->device, d.scratch_bytes);
-		np = rank_pieces(&d, c->rank, true, pieces);
-		if (!read_rc && np)
-			read_rc = fsti_load_pieces(ck, &opts, pieces, np, (void *)(uintptr_t)scratch,
-						   d.scratch_bytes, &rerr);
-	}
-	fsti_cuda_use_device(cu, c->device, NULL); /* loads give the context back */
-	cr = cu->cuMemAlloc_v2(&flag, 256);
-	if (cr) {
-		rc = fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate a flag", c->device);
-		goto out; /* the others will time out: nothing else can be done */
-	}
-	int any = agree(c, flag, read_rc != 0, err);
-	if (any < 0) {
-		rc = any;
-		goto out;
-	}
-	if (read_rc) {
-		if (err)
-			*err = rerr;
-		rc = read_rc;
-		goto out;
-	}
-	if (any) {
-		rc = fsti_err(err, FST_EIO, "rank %d of %d: another rank could not read its share "
-					    "of the checkpoint",
-			      c->rank, c->world);
-		goto out;
-	}
-
-	/* collectives, in table order, all on one stream */
+	if (d.scratch_bytes && (cr = cu->cuMemAlloc_v2(&scratch, d.scratch_bytes)))
+		read_rc = fsti_cuda_fail(cu, cr, &rerr, "cuda:%d: cannot allocate %" PRIu64
+							" bytes of scratch",
+					 c->device, d.scratch_bytes);
 	if (d.temp_bytes && (cr = cu->cuMemAlloc_v2(&temp, d.temp_bytes))) {
 		rc = fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate %" PRIu64 " bytes",
 				    c->device, d.temp_bytes);
 		goto out; /* the others time out */
 	}
-	for (size_t i = 0; i < d.n && !rc; i++) {
-		const struct fsti_dist_tensor *t = &d.t[i];
-		if (t->contiguous || !t->full_bytes)
-			continue;
-		int r;
-		if (t->dim < 0) {
-			void *p = (char *)b->base + t->dst_off;
-			r = c->nc->ncclBroadcast(p, p, t->full_bytes, FSTI_NCCL_UINT8, t->owner, c->comm,
-						 c->stream);
+	cr = cu->cuMemAlloc_v2(&flag, 256);
+	if (cr) {
+		rc = fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate a flag", c->device);
+		goto out; /* the others time out */
+	}
+	for (size_t i0 = 0; i0 < d.n && !rc;) {
+		size_t i1 = i0;
+		uint64_t group = 0;
+		while (i1 < d.n && (i1 == i0 || group < GROUP_BYTES)) {
+			group += d.t[i1].contiguous ? 0 : d.t[i1].full_bytes;
+			i1++;
+		}
+		for (int into_scratch = 0; into_scratch < 2 && !read_rc; into_scratch++) {
+			size_t np = rank_pieces(&d, c->rank, into_scratch, i0, i1, pieces);
+			if (np)
+				read_rc = fsti_load_pieces(ck, &opts, pieces, np,
+							   into_scratch ? (void *)(uintptr_t)scratch
+									: b->base,
+							   into_scratch ? d.scratch_bytes : b->size, &rerr);
+		}
+		fsti_cuda_use_device(cu, c->device, NULL); /* loads give the context back */
+		for (size_t i = i0; i < i1 && !rc; i++) {
+			const struct fsti_dist_tensor *t = &d.t[i];
+			if (t->contiguous || !t->full_bytes)
+				continue;
+			int r;
+			if (t->dim < 0) {
+				void *p = (char *)b->base + t->dst_off;
+				r = c->nc->ncclBroadcast(p, p, t->full_bytes, FSTI_NCCL_UINT8, t->owner,
+							 c->comm, c->stream);
+				rc = check_nccl(c, r, "ncclBroadcast", err);
+				continue;
+			}
+			const void *send = t->owner == c->rank
+						   ? (void *)(uintptr_t)(scratch + t->scratch_off)
+						   : NULL;
+			if (t->owner == c->rank && !scratch)
+				send = (void *)(uintptr_t)temp; /* no scratch: send anything */
+			r = c->nc->ncclBroadcast(send, (void *)(uintptr_t)temp, t->full_bytes,
+						 FSTI_NCCL_UINT8, t->owner, c->comm, c->stream);
 			if ((rc = check_nccl(c, r, "ncclBroadcast", err)))
 				break;
-			continue;
+			if (!t->shard_bytes)
+				continue;
+			fsti_memcpy2d m;
+			memset(&m, 0, sizeof m);
+			m.srcMemoryType = m.dstMemoryType = FSTI_CU_MEMORYTYPE_DEVICE;
+			m.srcDevice = temp + t->start * t->inner_bytes;
+			m.srcPitch = t->mid * t->inner_bytes;
+			m.dstDevice = (CUdeviceptr)(uintptr_t)b->base + t->dst_off;
+			m.dstPitch = t->len * t->inner_bytes;
+			m.WidthInBytes = t->len * t->inner_bytes;
+			m.Height = t->outer;
+			cr = cu->cuMemcpy2DAsync_v2(&m, c->stream);
+			if (cr)
+				rc = comm_fail(c, FST_EDEVICE, err, "strided copy of a shard failed", cr);
 		}
-		const void *send = t->owner == c->rank ? (void *)(uintptr_t)(scratch + t->scratch_off)
-						       : NULL;
-		r = c->nc->ncclBroadcast(send, (void *)(uintptr_t)temp, t->full_bytes, FSTI_NCCL_UINT8,
-					 t->owner, c->comm, c->stream);
-		if ((rc = check_nccl(c, r, "ncclBroadcast", err)))
-			break;
-		if (!t->shard_bytes)
-			continue;
-		fsti_memcpy2d m;
-		memset(&m, 0, sizeof m);
-		m.srcMemoryType = m.dstMemoryType = FSTI_CU_MEMORYTYPE_DEVICE;
-		m.srcDevice = temp + t->start * t->inner_bytes;
-		m.srcPitch = t->mid * t->inner_bytes;
-		m.dstDevice = (CUdeviceptr)(uintptr_t)b->base + t->dst_off;
-		m.dstPitch = t->len * t->inner_bytes;
-		m.WidthInBytes = t->len * t->inner_bytes;
-		m.Height = t->outer;
-		cr = cu->cuMemcpy2DAsync_v2(&m, c->stream);
-		if (cr)
-			rc = comm_fail(c, FST_EDEVICE, err, "strided copy of a shard failed", cr);
+		i0 = i1;
 	}
 	if (!rc)
 		rc = wait_stream(c, "broadcasting the checkpoint", err);
 	if (!rc) {
-		/* everyone has everything: a last agreement keeps the ranks in step */
-		int again = agree(c, flag, 0, err);
-		rc = again < 0 ? again : 0;
+		/* did every rank read everything it had to? */
+		int any = agree(c, flag, read_rc != 0, err);
+		if (any < 0) {
+			rc = any;
+		} else if (read_rc) {
+			if (err)
+				*err = rerr;
+			rc = read_rc;
+		} else if (any) {
+			rc = fsti_err(err, FST_EIO,
+				      "rank %d of %d: another rank could not read its share of the "
+				      "checkpoint",
+				      c->rank, c->world);
+		}
 	}
 out:
 	if (temp)
