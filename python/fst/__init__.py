@@ -227,6 +227,12 @@ def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_by
     kw = _load_kwargs(device, fw, io, threads, staging_bytes, chunk_bytes, gds, align, names,
                       torch_allocator)
     ck = path if isinstance(path, Checkpoint) else Checkpoint(path)
+    if names is not None:
+        # a typo should fail here, not later as a missing key
+        unknown = [n for n in kw["names"] if ck._ck.info(n) is None]
+        if unknown:
+            raise UsageError(f"{ck.path}: no tensor named {unknown[0]!r}"
+                             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""), -1)
     buf = _fst.load(ck._ck, **kw)
     return {name: _convert(buf.tensor(name), fw) for name in buf.names()}
 

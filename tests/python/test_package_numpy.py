@@ -178,6 +178,9 @@ def test_load_names_subset(fst_pkg, ref_file):
     ck = fst_pkg.Checkpoint(ref_file)
     got = fst_pkg.load(ck, framework="numpy", names=names[:2])
     assert_matches_file(got, ref_file, names[:2])
+    # a name the checkpoint lacks is an error naming it, before anything is read
+    with pytest.raises(fst_pkg.UsageError, match="no tensor named 'f32.matrx'"):
+        fst_pkg.load(ref_file, framework="numpy", names=["f32.matrix", "f32.matrx"])
 
 
 @pytest.mark.parametrize("kw", [dict(threads=1), dict(threads=3, chunk_bytes=4096),
