@@ -8,6 +8,7 @@
  * injected faults at device_alloc, pin, h2d and event with leak checks,
  * buffer lifetime through views, concurrent loads, and the device queries. */
 #include "helpers.h"
+#include "load_helpers.h"
 #include "internal.h"
 
 #include <dirent.h>
@@ -252,27 +253,6 @@ static void write_random(const char *name, uint64_t seed, const gen *g, ckpt *c)
 	}
 }
 
-static unsigned char *slurp(const char *path, uint64_t *size)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		fail_msg("open %s: %s", path, strerror(errno));
-	struct stat st;
-	if (fstat(fd, &st))
-		fail_msg("stat %s: %s", path, strerror(errno));
-	unsigned char *b = malloc((size_t)st.st_size + 1);
-	uint64_t done = 0;
-	while (done < (uint64_t)st.st_size) {
-		ssize_t n = read(fd, b + done, (size_t)st.st_size - done);
-		if (n <= 0)
-			fail_msg("read %s: %s", path, n ? strerror(errno) : "end of file");
-		done += (uint64_t)n;
-	}
-	close(fd);
-	*size = (uint64_t)st.st_size;
-	return b;
-}
-
 static void ckpt_open(ckpt *c, const char *path)
 {
 	fst_error err;
@@ -282,7 +262,7 @@ static void ckpt_open(ckpt *c, const char *path)
 	c->bytes = calloc(c->nfiles + 1, sizeof *c->bytes);
 	c->sizes = calloc(c->nfiles + 1, sizeof *c->sizes);
 	for (size_t i = 0; i < c->nfiles; i++)
-		c->bytes[i] = slurp(fst_file_path(fst_checkpoint_file(c->ck, i)), &c->sizes[i]);
+		c->bytes[i] = lh_slurp(fst_file_path(fst_checkpoint_file(c->ck, i)), &c->sizes[i]);
 	c->host_base = fsti_live_allocations();
 }
 
