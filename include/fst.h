@@ -371,6 +371,25 @@ typedef struct fst_load_opts {
 	void (*progress)(void *ctx, uint64_t done, uint64_t total);
 	void *progress_ctx;
 	const fst_allocator *allocator; /* NULL: libfst allocates */
+	/*
+	 * Called from the reader threads, concurrently and in no particular
+	 * order, as bytes pass through host memory: len bytes of checkpoint
+	 * tensor `tensor` (its index for fst_checkpoint_tensor), from byte
+	 * `offset` of that tensor, readable at `bytes` during the call only.
+	 * On the CPU that is their final place; for a GPU, the host staging
+	 * they are copied from. A piece never crosses a multiple of
+	 * landed_block counted from the tensor's first byte, and reads are cut
+	 * there too, so its bytes are still in the CPU's caches: the place to
+	 * hash them on the way (`fst load --check` does). Each byte is
+	 * reported at most once and before its tensor is ready; bytes that
+	 * never pass through host memory (io=mmap, GPUDirect) are not
+	 * reported. A nonzero return (an FST_E* code) fails the load. Not
+	 * supported by fst_load_sharded.
+	 */
+	int (*on_landed)(void *ctx, size_t tensor, uint64_t offset, const void *bytes,
+			 uint64_t len);
+	void *on_landed_ctx;
+	uint64_t landed_block; /* 0 = 1 MiB; a power of two, 4 KiB to 1 GiB */
 } fst_load_opts;
 
 /* Fill opts with the defaults (since 0.1). */

@@ -315,6 +315,10 @@ static int cuda_deliver(struct fsti_engine *e, void *state, int s, const struct 
 		return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot record an event",
 				      w->load->device);
 	}
+	/* The copies are queued: show the caller the staged bytes meanwhile
+	 * (the slot is not reused before its event). */
+	if (e->opts.on_landed)
+		return fsti_report_landed(e, c, c->file_off, c->file_off + c->len, where, NULL, err);
 	return 0;
 }
 

@@ -368,6 +368,9 @@ int fst_load_sharded(const fst_checkpoint *ck, const fst_load_opts *opts_in, fst
 	if (opts_in)
 		memcpy(&opts, opts_in, FSTI_MIN(opts_in->struct_size, sizeof opts));
 	opts.struct_size = sizeof opts;
+	if (opts.on_landed)
+		return fsti_err(err, FST_EUSAGE, "fst_load_sharded: on_landed is not supported (a "
+						 "rank sees only its slices)");
 	char device[32];
 	snprintf(device, sizeof device, "cuda:%d", c->device);
 	opts.device = device;

@@ -27,6 +27,7 @@
 #define DEFAULT_STAGING_CACHED (64ull << 20)
 #define DEFAULT_STAGING_DIRECT (256ull << 20)
 #define DEFAULT_CHUNK (16ull << 20)
+#define DEFAULT_LANDED_BLOCK (1ull << 20)
 #define MAX_THREADS 64u
 
 void fst_load_opts_init(fst_load_opts *o)
@@ -88,6 +89,66 @@ void fsti_engine_fail(struct fsti_engine *e, const fst_error *err)
 	pthread_cond_broadcast(&e->cond);
 }
 
+/* ---- on_landed: bytes shown to the caller as they pass through host memory */
+
+/*
+ * Report file bytes [a, b) of chunk c, readable at p (the byte at a), cut at
+ * multiples of landed_block counted from each tensor's first byte. With
+ * copy_to (the destination's base) each block is first copied to its place
+ * and reported from there, while it is still in the caches.
+ */
+int fsti_report_landed(struct fsti_engine *e, const struct fsti_chunk *c, uint64_t a,
+		       uint64_t b, const char *p, char *copy_to, fst_error *err)
+{
+	const uint64_t block = e->opts.landed_block;
+	for (uint32_t i = c->first; i <= c->last; i++) {
+		const struct fsti_plan_tensor *t = &e->plan.t[i];
+		uint64_t x = FSTI_MAX(a, t->file_off), y = FSTI_MIN(b, t->file_off + t->nbytes);
+		while (x < y) {
+			uint64_t rel = x - t->file_off;
+			uint64_t n = FSTI_MIN(y - x, block - rel % block);
+			const char *at = p + (x - a);
+			if (copy_to) {
+				memcpy(copy_to + t->dst_off + rel, at, n);
+				at = copy_to + t->dst_off + rel;
+			}
+			if (e->opts.on_landed) {
+				int rc = e->opts.on_landed(e->opts.on_landed_ctx, t->entry, rel, at, n);
+				if (rc) {
+					fst_tensor_info info;
+					fst_checkpoint_tensor(e->ck, t->entry, &info, NULL);
+					return fsti_err(err, rc < 0 && rc >= FST_ECHANGED ? rc : FST_ECANCELED,
+							"tensor \"%s\": on_landed returned %d at byte %" PRIu64,
+							info.name, rc, rel);
+				}
+			}
+			x += n;
+		}
+	}
+	return 0;
+}
+
+/*
+ * The end of the next read of a direct chunk that reports what it read:
+ * at most landed_block past s, and never inside one of a tensor's blocks,
+ * so that every block is reported whole, straight after its read.
+ */
+static uint64_t reporting_cut(const struct fsti_engine *e, const struct fsti_chunk *c,
+			      uint32_t *k, uint64_t s)
+{
+	const uint64_t block = e->opts.landed_block, end = c->file_off + c->len;
+	uint64_t x = FSTI_MIN(s + block, end);
+	if (x == end)
+		return end;
+	while (*k < c->last && e->plan.t[*k].file_off + e->plan.t[*k].nbytes < x)
+		(*k)++;
+	const struct fsti_plan_tensor *t = &e->plan.t[*k];
+	if (x <= t->file_off || x >= t->file_off + t->nbytes)
+		return x;
+	uint64_t cut = t->file_off + (x - t->file_off) / block * block;
+	return cut > s ? cut : x;
+}
+
 /* ---- the host sink for readers that need landing slots (O_DIRECT) */
 
 struct host_worker {
@@ -132,9 +193,15 @@ static int host_deliver(struct fsti_engine *e, void *state, int s, const struct 
 {
 	(void)state;
 	(void)s;
-	(void)err;
-	struct scatter sc = {e->buf->base, where};
-	fsti_chunk_pieces(&e->plan, c, scatter_piece, &sc);
+	if (e->opts.on_landed) {
+		int rc = fsti_report_landed(e, c, c->file_off, c->file_off + c->len, where,
+					    e->buf->base, err);
+		if (rc)
+			return rc;
+	} else {
+		struct scatter sc = {e->buf->base, where};
+		fsti_chunk_pieces(&e->plan, c, scatter_piece, &sc);
+	}
 	fsti_chunk_done(e, c);
 	return 0;
 }
@@ -179,8 +246,21 @@ static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 		if (i >= e->plan.nc)
 			return 0;
 		const struct fsti_chunk *c = &e->plan.c[i];
-		int rc = e->reader->read_exact(e, rstate, c->file, c->file_off, c->len,
-					       (char *)e->buf->base + c->dst_off, err);
+		char *dst = (char *)e->buf->base + c->dst_off;
+		int rc = 0;
+		if (!e->opts.on_landed) {
+			rc = e->reader->read_exact(e, rstate, c->file, c->file_off, c->len, dst, err);
+		} else {
+			/* reads of at most one block, each reported at once */
+			uint32_t k = c->first;
+			for (uint64_t s = c->file_off, cut; !rc && s < c->file_off + c->len; s = cut) {
+				cut = reporting_cut(e, c, &k, s);
+				char *at = dst + (s - c->file_off);
+				rc = e->reader->read_exact(e, rstate, c->file, s, cut - s, at, err);
+				if (!rc)
+					rc = fsti_report_landed(e, c, s, cut, at, NULL, err);
+			}
+		}
 		if (rc)
 			return rc;
 		fsti_chunk_done(e, c);
@@ -344,6 +424,13 @@ static int check_opts(const fst_load_opts *in, fst_load_opts *o, fst_error *err)
 		o->threads = default_threads();
 	if (o->threads > MAX_THREADS)
 		return fsti_err(err, FST_EUSAGE, "%u threads: at most %u", o->threads, MAX_THREADS);
+	if (!o->landed_block)
+		o->landed_block = DEFAULT_LANDED_BLOCK;
+	if ((o->landed_block & (o->landed_block - 1)) || o->landed_block < 4096 ||
+	    o->landed_block > (1ull << 30))
+		return fsti_err(err, FST_EUSAGE,
+				"landed_block %" PRIu64 " must be a power of two, 4 KiB to 1 GiB",
+				o->landed_block);
 	if (!o->chunk_bytes)
 		o->chunk_bytes = DEFAULT_CHUNK;
 	if (o->chunk_bytes < 4096 || o->chunk_bytes > (1ull << 30))
@@ -623,11 +710,14 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	else if (!rc && e->gds_files)
 		rc = fsti_plan_build_mixed(ck, e->opts.filter, e->opts.filter_ctx, e->opts.align,
 					   e->opts.chunk_bytes, e->gds_direct, e->opts.chunk_bytes,
-					   &e->plan, err);
+					   0, &e->plan, err);
 	else if (!rc)
-		rc = fsti_plan_build(ck, e->opts.filter, e->opts.filter_ctx, e->opts.align,
-				     e->opts.chunk_bytes, direct || e->opts.io == FST_IO_MMAP,
-				     &e->plan, err);
+		/* Reported blocks are whole when no chunk splits one. */
+		rc = fsti_plan_build_mixed(
+			ck, e->opts.filter, e->opts.filter_ctx, e->opts.align, e->opts.chunk_bytes,
+			direct || e->opts.io == FST_IO_MMAP ? FSTI_PLAN_ALL_DIRECT : NULL,
+			e->opts.chunk_bytes, e->opts.on_landed ? e->opts.landed_block : 0, &e->plan,
+			err);
 	/* no more threads than chunks */
 	e->nthreads = FSTI_MIN(e->opts.threads, (unsigned)FSTI_MIN(e->plan.nc, (size_t)UINT_MAX));
 	if (!rc)

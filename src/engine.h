@@ -51,11 +51,17 @@ int fsti_plan_build(const fst_checkpoint *ck, fsti_filter_fn filter, void *filte
 		    uint32_t align, uint64_t chunk_bytes, bool direct, struct fsti_plan *out,
 		    fst_error *err);
 /* The same with a choice per file: files whose direct_files entry is true
- * get direct extents cut into direct_chunk_bytes (GPUDirect reads land
- * straight at their tensors); the others are planned for landing slots. */
+ * (every file for FSTI_PLAN_ALL_DIRECT) get direct extents cut into
+ * direct_chunk_bytes (GPUDirect reads land straight at their tensors); the
+ * others are planned for landing slots. A nonzero grain moves each cut of a
+ * direct extent that falls inside a tensor back to a multiple of grain
+ * counted from that tensor's first byte (for on_landed blocks). */
+extern const bool fsti_plan_all_direct;
+#define FSTI_PLAN_ALL_DIRECT (&fsti_plan_all_direct)
 int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
 			  uint32_t align, uint64_t chunk_bytes, const bool *direct_files,
-			  uint64_t direct_chunk_bytes, struct fsti_plan *out, fst_error *err);
+			  uint64_t direct_chunk_bytes, uint64_t grain, struct fsti_plan *out,
+			  fst_error *err);
 
 /* A plan of arbitrary pieces (file ranges to destination offsets), in file
  * order and not overlapping: the read phase of a tensor-parallel load. */
@@ -259,6 +265,11 @@ void fsti_gds_teardown(struct fsti_engine *e);
 
 /* Called by sinks when chunk c's bytes are in their final place. */
 void fsti_chunk_done(struct fsti_engine *e, const struct fsti_chunk *c);
+/* Show the caller (opts.on_landed) file bytes [a, b) of chunk c, readable
+ * at p, in pieces that never cross a landed_block multiple of a tensor;
+ * with copy_to (the destination's base), copy each piece there first. */
+int fsti_report_landed(struct fsti_engine *e, const struct fsti_chunk *c, uint64_t a,
+		       uint64_t b, const char *p, char *copy_to, fst_error *err);
 /* Record an error (the first one wins) and stop the readers. */
 void fsti_engine_fail(struct fsti_engine *e, const fst_error *err);
 /* Path of file i, for messages. */

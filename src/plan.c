@@ -15,9 +15,9 @@
 
 #include <string.h>
 
-/* A marker for "every file direct" (plain plans). */
-static const bool all_direct_marker;
-#define PLAN_ALL_DIRECT (&all_direct_marker)
+/* The marker for "every file direct" (plain plans). */
+const bool fsti_plan_all_direct = true;
+#define PLAN_ALL_DIRECT FSTI_PLAN_ALL_DIRECT
 
 static bool is_direct(const bool *direct_files, uint32_t file)
 {
@@ -47,15 +47,35 @@ static int push_chunk(struct fsti_plan *p, size_t *cap, const struct fsti_chunk 
 	return 0;
 }
 
+/*
+ * Move a cut at file offset stop (inside the extent of tensors [k, last],
+ * past off) back to the last multiple of grain counted from the first byte
+ * of the tensor it falls in, so no grain-sized block of a tensor is split
+ * between two chunks. Tensor boundaries are fine as they are.
+ */
+static uint64_t grain_cut(const struct fsti_plan *p, size_t k, size_t last, uint64_t off,
+			  uint64_t stop, uint64_t grain)
+{
+	while (k < last && p->t[k].file_off + p->t[k].nbytes < stop)
+		k++;
+	const struct fsti_plan_tensor *t = &p->t[k];
+	if (stop <= t->file_off || stop >= t->file_off + t->nbytes)
+		return stop;
+	uint64_t cut = t->file_off + (stop - t->file_off) / grain * grain;
+	return cut > off ? cut : stop;
+}
+
 /* Cut the extent of plan tensors [first, last] into chunks. */
 static int emit_extent(struct fsti_plan *p, size_t *cap, size_t first, size_t last,
-		       uint64_t chunk_bytes, bool direct)
+		       uint64_t chunk_bytes, bool direct, uint64_t grain)
 {
 	const struct fsti_plan_tensor *a = &p->t[first], *z = &p->t[last];
 	uint64_t start = a->file_off, end = z->file_off + z->nbytes;
 	size_t k = first;
 	for (uint64_t off = start; off < end;) {
 		uint64_t stop = direct ? off + chunk_bytes : (off / chunk_bytes + 1) * chunk_bytes;
+		if (direct && grain && grain <= chunk_bytes && stop < end)
+			stop = grain_cut(p, k, last, off, stop, grain);
 		uint64_t len = FSTI_MIN(stop, end) - off;
 		struct fsti_chunk c = {
 			.file = a->file,
@@ -99,15 +119,16 @@ int fsti_plan_build(const fst_checkpoint *ck, fsti_filter_fn filter, void *filte
 		    fst_error *err)
 {
 	return fsti_plan_build_mixed(ck, filter, filter_ctx, align, chunk_bytes,
-				     direct ? PLAN_ALL_DIRECT : NULL, chunk_bytes, out, err);
+				     direct ? PLAN_ALL_DIRECT : NULL, chunk_bytes, 0, out, err);
 }
 
 static int cut_chunks(struct fsti_plan *out, uint64_t chunk_bytes, const bool *direct_files,
-		      uint64_t direct_chunk_bytes, fst_error *err);
+		      uint64_t direct_chunk_bytes, uint64_t grain, fst_error *err);
 
 int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
 			  uint32_t align, uint64_t chunk_bytes, const bool *direct_files,
-			  uint64_t direct_chunk_bytes, struct fsti_plan *out, fst_error *err)
+			  uint64_t direct_chunk_bytes, uint64_t grain, struct fsti_plan *out,
+			  fst_error *err)
 {
 	memset(out, 0, sizeof *out);
 	if (!align || (align & (align - 1)))
@@ -137,12 +158,12 @@ int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void 
 		out->total_bytes += info.nbytes;
 	}
 	out->dst_size = cursor;
-	return cut_chunks(out, chunk_bytes, direct_files, direct_chunk_bytes, err);
+	return cut_chunks(out, chunk_bytes, direct_files, direct_chunk_bytes, grain, err);
 }
 
 /* Extents and chunks of the pieces in out->t (in file order). */
 static int cut_chunks(struct fsti_plan *out, uint64_t chunk_bytes, const bool *direct_files,
-		      uint64_t direct_chunk_bytes, fst_error *err)
+		      uint64_t direct_chunk_bytes, uint64_t grain, fst_error *err)
 {
 	size_t cap = 0;
 	size_t first = SIZE_MAX;
@@ -164,7 +185,7 @@ static int cut_chunks(struct fsti_plan *out, uint64_t chunk_bytes, const bool *d
 			if (contiguous)
 				continue;
 			if (emit_extent(out, &cap, first, pi, direct ? direct_chunk_bytes : chunk_bytes,
-					direct))
+					direct, grain))
 				goto nomem;
 		}
 		first = i;
@@ -175,7 +196,7 @@ static int cut_chunks(struct fsti_plan *out, uint64_t chunk_bytes, const bool *d
 			last--;
 		bool direct = is_direct(direct_files, out->t[last].file);
 		if (emit_extent(out, &cap, first, last, direct ? direct_chunk_bytes : chunk_bytes,
-				direct))
+				direct, grain))
 			goto nomem;
 	}
 	return 0;
@@ -205,5 +226,5 @@ int fsti_plan_from_pieces(const struct fsti_plan_tensor *pieces, size_t n, uint3
 		out->total_bytes += pieces[i].nbytes;
 		out->dst_size = FSTI_MAX(out->dst_size, pieces[i].dst_off + pieces[i].nbytes);
 	}
-	return cut_chunks(out, chunk_bytes, direct ? PLAN_ALL_DIRECT : NULL, chunk_bytes, err);
+	return cut_chunks(out, chunk_bytes, direct ? PLAN_ALL_DIRECT : NULL, chunk_bytes, 0, err);
 }

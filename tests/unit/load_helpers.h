@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -326,6 +327,183 @@ static inline int lh_filter_fn(void *ctx, const char *name)
 	lh_filter *f = ctx;
 	f->calls++;
 	return lh_keeps(f, name);
+}
+
+/* ---- on_landed: a recorder of every reported piece */
+
+/*
+ * The rules of fst_load_opts.on_landed, checked as pieces arrive (from any
+ * reader thread, under lock): the tensor is a selected checkpoint tensor,
+ * the piece is not empty, lies inside the tensor, crosses no multiple of
+ * the block counted from the tensor's first byte (with whole_blocks, is a
+ * whole block), equals the file's bytes and covers no byte twice. The
+ * first broken rule is kept in problem (no cmocka asserts off the main
+ * thread). fail_at makes that call (1-based, counted over the load) return
+ * fail_rc; sleep_every slows every so many calls down, before they record.
+ */
+typedef struct lh_landed {
+	pthread_mutex_t lock;
+	size_t n;                   /* checkpoint tensors */
+	const unsigned char **want; /* the file's bytes of each */
+	uint64_t *nbytes;
+	bool *selected;
+	unsigned char **cov;        /* a count per byte of each selected tensor */
+	uint64_t *reported;         /* bytes reported, per tensor */
+	char **names;
+	uint64_t block;             /* landed_block as given: 0 is 1 MiB */
+	bool whole_blocks;
+	unsigned long calls;
+	unsigned long fail_at;
+	int fail_rc;
+	unsigned sleep_every;
+	size_t failed_tensor;       /* the tensor of the call that returned fail_rc */
+	char problem[512];
+} lh_landed;
+
+/* bytes[f]: an independent copy of checkpoint file f. flt NULL: all tensors. */
+static inline void lh_landed_init(lh_landed *l, const fst_checkpoint *ck,
+				  unsigned char *const *bytes, const lh_filter *flt,
+				  uint64_t block, bool whole_blocks)
+{
+	memset(l, 0, sizeof *l);
+	pthread_mutex_init(&l->lock, NULL);
+	l->n = fst_checkpoint_tensor_count(ck);
+	l->want = calloc(l->n + 1, sizeof *l->want);
+	l->nbytes = calloc(l->n + 1, sizeof *l->nbytes);
+	l->selected = calloc(l->n + 1, sizeof *l->selected);
+	l->cov = calloc(l->n + 1, sizeof *l->cov);
+	l->reported = calloc(l->n + 1, sizeof *l->reported);
+	l->names = calloc(l->n + 1, sizeof *l->names);
+	l->block = block;
+	l->whole_blocks = whole_blocks;
+	l->failed_tensor = SIZE_MAX;
+	for (size_t i = 0; i < l->n; i++) {
+		fst_tensor_info info;
+		size_t file;
+		assert_int_equal(fst_checkpoint_tensor(ck, i, &info, &file), 0);
+		l->want[i] = bytes[file] + info.file_offset;
+		l->nbytes[i] = info.nbytes;
+		l->selected[i] = !flt || lh_keeps(flt, info.name);
+		l->names[i] = strdup(info.name);
+		if (l->selected[i])
+			l->cov[i] = calloc(info.nbytes + 1, 1);
+	}
+}
+
+static inline void lh_landed_free(lh_landed *l)
+{
+	for (size_t i = 0; i < l->n; i++) {
+		free(l->cov[i]);
+		free(l->names[i]);
+	}
+	free(l->want);
+	free(l->nbytes);
+	free(l->selected);
+	free(l->cov);
+	free(l->reported);
+	free(l->names);
+	pthread_mutex_destroy(&l->lock);
+	memset(l, 0, sizeof *l);
+}
+
+static inline void lh_landed_problem(lh_landed *l, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static inline void lh_landed_problem(lh_landed *l, const char *fmt, ...)
+{
+	if (l->problem[0])
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(l->problem, sizeof l->problem, fmt, ap);
+	va_end(ap);
+}
+
+static inline int lh_on_landed(void *ctx, size_t tensor, uint64_t offset, const void *bytes,
+			       uint64_t len)
+{
+	lh_landed *l = ctx;
+	pthread_mutex_lock(&l->lock);
+	unsigned long k = ++l->calls;
+	pthread_mutex_unlock(&l->lock);
+	if (l->sleep_every && k % l->sleep_every == 0)
+		usleep(200);
+	pthread_mutex_lock(&l->lock);
+	const uint64_t b = l->block ? l->block : 1ull << 20;
+	if (tensor >= l->n || !l->selected[tensor]) {
+		lh_landed_problem(l, "call %lu: tensor %zu %s", k, tensor,
+				  tensor >= l->n ? "out of range" : "not selected");
+	} else if (!len || !bytes) {
+		lh_landed_problem(l, "call %lu: tensor %s: empty piece at byte %" PRIu64, k,
+				  l->names[tensor], offset);
+	} else if (offset > l->nbytes[tensor] || len > l->nbytes[tensor] - offset) {
+		lh_landed_problem(l, "call %lu: tensor %s: [%" PRIu64 ", +%" PRIu64
+				     ") past its %" PRIu64 " bytes",
+				  k, l->names[tensor], offset, len, l->nbytes[tensor]);
+	} else if (offset / b != (offset + len - 1) / b) {
+		lh_landed_problem(l, "call %lu: tensor %s: [%" PRIu64 ", +%" PRIu64
+				     ") crosses a multiple of the block %" PRIu64,
+				  k, l->names[tensor], offset, len, b);
+	} else if (l->whole_blocks &&
+		   (offset % b || len != (l->nbytes[tensor] - offset < b
+					     ? l->nbytes[tensor] - offset : b))) {
+		lh_landed_problem(l, "call %lu: tensor %s: [%" PRIu64 ", +%" PRIu64
+				     ") is not a whole block of %" PRIu64 " (%" PRIu64 " bytes)",
+				  k, l->names[tensor], offset, len, b, l->nbytes[tensor]);
+	} else {
+		const unsigned char *got = bytes, *want = l->want[tensor] + offset;
+		unsigned char *cov = l->cov[tensor] + offset;
+		for (uint64_t i = 0; i < len; i++) {
+			if (cov[i]++) {
+				lh_landed_problem(l, "call %lu: tensor %s: byte %" PRIu64
+						     " reported twice",
+						  k, l->names[tensor], offset + i);
+				break;
+			}
+			if (got[i] != want[i]) {
+				lh_landed_problem(l, "call %lu: tensor %s: byte %" PRIu64
+						     " reported as 0x%02x, the file has 0x%02x",
+						  k, l->names[tensor], offset + i, got[i], want[i]);
+				break;
+			}
+		}
+		l->reported[tensor] += len;
+	}
+	int rc = 0;
+	if (l->fail_at && k == l->fail_at) {
+		l->failed_tensor = tensor;
+		rc = l->fail_rc;
+	}
+	pthread_mutex_unlock(&l->lock);
+	return rc;
+}
+
+/* Every byte of tensor i reported (once: the callback checks that). */
+static inline bool lh_landed_complete(lh_landed *l, size_t i)
+{
+	pthread_mutex_lock(&l->lock);
+	bool done = l->reported[i] == l->nbytes[i];
+	pthread_mutex_unlock(&l->lock);
+	return done;
+}
+
+/* After a load that succeeded: no rule broken, and every byte of every
+ * selected tensor reported exactly once (none of the others). */
+static inline void lh_landed_check(lh_landed *l, const char *ctx)
+{
+	if (l->problem[0])
+		fail_msg("%s: on_landed: %s", ctx, l->problem);
+	for (size_t i = 0; i < l->n; i++) {
+		uint64_t want = l->selected[i] ? l->nbytes[i] : 0;
+		if (l->reported[i] != want)
+			fail_msg("%s: on_landed: tensor %s: %" PRIu64 " bytes reported, %" PRIu64
+				 " expected",
+				 ctx, l->names[i], l->reported[i], want);
+		for (uint64_t k = 0; l->selected[i] && k < l->nbytes[i]; k++)
+			if (l->cov[i][k] != 1)
+				fail_msg("%s: on_landed: tensor %s: byte %" PRIu64
+					 " reported %u times",
+					 ctx, l->names[i], k, l->cov[i][k]);
+	}
 }
 
 /* ---- resources */

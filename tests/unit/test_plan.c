@@ -57,10 +57,11 @@ static bool intersects(const struct fsti_plan_tensor *t, const struct fsti_chunk
 		       FSTI_MIN(t->file_off + t->nbytes, c->file_off + c->len);
 }
 
-/* direct[f]: file f is planned for direct reads, in chunks of dchunk;
- * the other files for landing slots, in chunks of chunk. */
+/* direct[f]: file f is planned for direct reads, in chunks of dchunk
+ * (cut early at grain blocks of a tensor when grain is nonzero); the other
+ * files for landing slots, in chunks of chunk. */
 static void check_plan(const fst_checkpoint *ck, const lh_filter *flt, uint32_t align,
-		       uint64_t chunk, const bool *direct_files, uint64_t dchunk,
+		       uint64_t chunk, const bool *direct_files, uint64_t dchunk, uint64_t grain,
 		       const struct fsti_plan *p, const char *ctx)
 {
 	/* the tensor table: the selected checkpoint tensors, in order */
@@ -232,7 +233,20 @@ static void check_plan(const fst_checkpoint *ck, const lh_filter *flt, uint32_t 
 				(!direct || a->dst_off + a->len == b->dst_off);
 		if (!joinable)
 			continue;
-		if (direct ? a->len != dchunk : b->file_off % chunk)
+		/* with a grain a direct cut may come early, at the last block
+		 * boundary of the tensor it falls in */
+		const struct fsti_plan_tensor *t = NULL;
+		for (size_t i = a->first; i <= b->last; i++)
+			if (p->t[i].file_off < b->file_off &&
+			    b->file_off < p->t[i].file_off + p->t[i].nbytes)
+				t = &p->t[i];
+		bool early_ok = direct && grain && grain <= dchunk && a->len + grain > dchunk &&
+				(!t || (b->file_off - t->file_off) % grain == 0);
+		if (direct && grain && grain <= dchunk && t &&
+		    (b->file_off - t->file_off) % grain)
+			fail_msg("%s: chunks %zu and %zu split a %" PRIu64 "-byte block of tensor %zu",
+				 ctx, ci - 1, ci, grain, (size_t)(t - p->t));
+		if (direct ? a->len != dchunk && !early_ok : b->file_off % chunk)
 			fail_msg("%s: chunks %zu [%" PRIu64 " +%" PRIu64 "] and %zu [%" PRIu64
 				 " +%" PRIu64 "] are cut for no reason",
 				 ctx, ci - 1, a->file_off, a->len, ci, b->file_off, b->len);
@@ -308,25 +322,32 @@ static void test_random_plans(void **state)
 				 filtered ? flt.percent : 100);
 			struct fsti_plan p, q;
 			fst_error err;
+			/* direct extents may be cut at blocks of each tensor */
+			static const uint64_t grains[] = {0, 0, 512, 4096, 65536};
+			uint64_t grain = mode ? grains[lh_below(&r, 5)] : 0;
 			int rc = mode == 2 ? fsti_plan_build_mixed(ck, filter, &flt, align, chunk,
-								   direct_files, dchunk, &p, &err)
+								   direct_files, dchunk, grain, &p,
+								   &err)
+				 : grain   ? fsti_plan_build_mixed(ck, filter, &flt, align, chunk,
+								   FSTI_PLAN_ALL_DIRECT, chunk, grain,
+								   &p, &err)
 					   : fsti_plan_build(ck, filter, &flt, align, chunk, mode == 1,
 							     &p, &err);
 			if (rc)
 				fail_msg("%s: %s", ctx, err.message);
 			if (filtered)
 				assert_int_equal(flt.calls, fst_checkpoint_tensor_count(ck));
-			check_plan(ck, filtered ? &flt : NULL, align, chunk, direct_files, dchunk, &p,
+			check_plan(ck, filtered ? &flt : NULL, align, chunk, direct_files, dchunk, grain, &p,
 				   ctx);
 			/* deterministic; and the plain build is the mixed one with
 			 * every file (or none) direct */
 			if (mode == 2)
 				rc = fsti_plan_build_mixed(ck, filter, &flt, align, chunk, direct_files,
-							   dchunk, &q, &err);
+							   dchunk, grain, &q, &err);
 			else
 				rc = fsti_plan_build_mixed(ck, filter, &flt, align, chunk,
-							   mode == 1 ? direct_files : NULL, chunk, &q,
-							   &err);
+							   mode == 1 ? direct_files : NULL, chunk, grain,
+							   &q, &err);
 			assert_int_equal(rc, 0);
 			assert_plans_equal(&p, &q);
 			plans++;
@@ -517,10 +538,10 @@ static void test_bad_arguments(void **state)
 	assert_int_equal(fsti_plan_build(ck, NULL, NULL, 8, 0, true, &p, &err), FST_EUSAGE);
 	lh_assert_has(err.message, "chunk");
 	bool direct_files[1] = {true};
-	assert_int_equal(fsti_plan_build_mixed(ck, NULL, NULL, 8, 4096, direct_files, 0, &p, &err),
+	assert_int_equal(fsti_plan_build_mixed(ck, NULL, NULL, 8, 4096, direct_files, 0, 0, &p, &err),
 			 FST_EUSAGE);
 	lh_assert_has(err.message, "chunk");
-	assert_int_equal(fsti_plan_build_mixed(ck, NULL, NULL, 8, 0, direct_files, 4096, &p, &err),
+	assert_int_equal(fsti_plan_build_mixed(ck, NULL, NULL, 8, 0, direct_files, 4096, 0, &p, &err),
 			 FST_EUSAGE);
 	assert_int_equal(fsti_live_allocations(), base);
 	fst_checkpoint_close(ck);
