@@ -517,7 +517,7 @@ int cmd_bench(int argc, char **argv)
 			checked_row = &rows[nrows];
 			rows[nrows] = (struct row){"fst load --check (warm, reused memory)", best, ""};
 			snprintf(rows[nrows++].note, sizeof rows[0].note,
-				 "XXH3-128 of each tensor as it streams, against %s",
+				 "block trees hashed as the bytes land, against %s",
 				 cli_basename(manifest));
 		}
 	}

@@ -64,13 +64,17 @@ int cli_check_fault_env(const char *cmd);
 /* Peak resident set size of this process, bytes. */
 uint64_t cli_peak_rss(void);
 
-/* hash.c: XXH3-128 of a loaded tensor (32 hex digits), SHA-256 of a file
- * (64 hex digits; returns 0 or -errno), a path's last component. */
+/* hash.c: XXH3-128 of a loaded tensor and its block tree (xxh3.h), as 32 hex
+ * digits each (either may be NULL), SHA-256 of a file (64 hex digits;
+ * returns 0 or -errno), a path's last component. */
+int cli_tensor_digests(const fst_tensor_view *v, char plain[33], char tree[33], fst_error *err);
 int cli_tensor_xxh3(const fst_tensor_view *v, char hex[33], fst_error *err);
 int cli_file_sha256(const char *path, char hex[65]);
 const char *cli_basename(const char *path);
-/* Load with the streaming API, checking each tensor's XXH3-128 against a
- * manifest as it is handed out; FST_EMISMATCH names the first difference. */
+/* Load with the streaming API, checking each tensor against a manifest as
+ * it is handed out (its block tree, hashed as the bytes land, or its plain
+ * XXH3-128 for manifests without trees); FST_EMISMATCH names the first
+ * difference. */
 int cli_load_checked(const fst_checkpoint *ck, const fst_load_opts *lo, const char *manifest,
 		     fst_buffer **out, size_t *checked, fst_error *err);
 

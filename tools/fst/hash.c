@@ -1,58 +1,203 @@
 /*
- * hash.c - integrity: XXH3-128 of each loaded tensor (fast enough to run
- * while a load streams) and SHA-256 of each file (the hash model hubs
- * publish for large files), and manifests that record them.
+ * hash.c - integrity: XXH3-128 of each loaded tensor and its block tree
+ * (xxh3.h), SHA-256 of each file (the hash model hubs publish for large
+ * files), and manifests that record them.
  *
  * A manifest is JSON: {"format": "fst-manifest-1", "files": {"NAME":
- * "SHA256"}, "tensors": {"NAME": "XXH3-128"}}, file names without their
- * directory. `fst verify --manifest FILE` writes one; `fst load --check FILE`
- * checks a load against it.
+ * "SHA256"}, "tensors": {"NAME": "XXH3-128"}, "tree_block": 1048576,
+ * "trees": {"NAME": "XXH3-128 tree"}}, file names without their directory.
+ * `fst verify --manifest FILE` writes one; `fst load --check FILE` checks a
+ * load against its trees, hashing each block as it lands (opts.on_landed),
+ * or against "tensors" after the load when the manifest has no trees.
  */
 #include "cli.h"
+#include "xxh3.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-/* xxhash's header-only mode: the hashing loops are compiled here, with
- * inlining, and run about twice as fast as Debian's libxxhash build. */
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
-/* XXH3-128 of a loaded tensor, as 32 hex digits; bytes on a GPU are
- * fetched through a host block. */
+/* ---- choosing a kernel */
+
+static const struct cli_xxh3 *chosen;
+static const char *chosen_why;
+static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
+
+static bool kernel_runs(const struct cli_xxh3 *k)
+{
+#ifdef FST_XXH3_X86
+	/* A GCC/Clang builtin; it also checks that the OS saves the wide
+	 * registers, which a cpuid test alone would miss. */
+	__builtin_cpu_init();
+	if (k == &cli_xxh3_avx512)
+		return __builtin_cpu_supports("avx512f");
+	if (k == &cli_xxh3_avx2)
+		return __builtin_cpu_supports("avx2");
+#endif
+	return k == &cli_xxh3_generic;
+}
+
+static void choose(void)
+{
+	static const struct cli_xxh3 *const all[] = {
+#ifdef FST_XXH3_X86
+		&cli_xxh3_avx512,
+		&cli_xxh3_avx2,
+#endif
+		&cli_xxh3_generic,
+	};
+	const size_t n = sizeof all / sizeof all[0];
+	const char *want = getenv("FST_HASH_KERNEL");
+	for (size_t i = 0; i < n; i++) {
+		if (want && *want && strcmp(want, all[i]->name))
+			continue;
+		if (kernel_runs(all[i])) {
+			chosen = all[i];
+			return;
+		}
+		if (want && *want) {
+			chosen_why = "FST_HASH_KERNEL names a kernel this CPU cannot run";
+			return;
+		}
+	}
+	chosen_why = "FST_HASH_KERNEL: expected generic, avx2 or avx512";
+}
+
+const struct cli_xxh3 *cli_xxh3(const char **why)
+{
+	pthread_once(&choose_once, choose);
+	if (!chosen && why)
+		*why = chosen_why;
+	return chosen;
+}
+
+static int no_kernel(fst_error *err)
+{
+	const char *why = "";
+	cli_xxh3(&why);
+	snprintf(err->message, sizeof err->message, "%s (FST_HASH_KERNEL=%s)", why,
+		 getenv("FST_HASH_KERNEL"));
+	return err->code = FST_EUSAGE;
+}
+
+void cli_tree_root(const struct cli_xxh3 *x, const unsigned char (*blocks)[16], uint64_t nblocks,
+		   uint64_t nbytes, unsigned char out[16])
+{
+	if (nblocks == 1)
+		memcpy(out, blocks[0], 16);
+	else
+		x->hash128(blocks, (size_t)nblocks * 16, nbytes, out);
+}
+
+static void to_hex(const unsigned char *d, size_t n, char *hex)
+{
+	static const char digits[] = "0123456789abcdef";
+	for (size_t i = 0; i < n; i++) {
+		hex[2 * i] = digits[d[i] >> 4];
+		hex[2 * i + 1] = digits[d[i] & 15];
+	}
+	hex[2 * n] = 0;
+}
+
+/* ---- digests of a loaded tensor */
+
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+	return a < b ? a : b;
+}
+
+/*
+ * Hash block range [b0, b1) of a tensor: its plain XXH3-128 stream (st, may
+ * be NULL) and, for each block with need[b] unset (need NULL: all), the
+ * block digest into blocks[b]. Bytes on a GPU are fetched through host
+ * memory, up to 16 blocks at a time.
+ */
+static int hash_blocks(const struct cli_xxh3 *x, const fst_tensor_view *v, uint64_t block,
+		       void *st, const unsigned char *have, unsigned char (*blocks)[16],
+		       fst_error *err)
+{
+	const uint64_t nb = cli_tree_blocks(v->nbytes, block);
+	const bool host = v->device_type == FST_DEVICE_CPU;
+	const uint64_t batch = 16 * block;
+	char *buf = NULL;
+	for (uint64_t b = 0; b < nb;) {
+		if (!st && have && have[b]) {
+			b++;
+			continue;
+		}
+		/* a run of blocks to hash, at most one batch */
+		uint64_t e = b + 1;
+		while (e < nb && (e - b) * block < batch && (st || !have || !have[e]))
+			e++;
+		uint64_t off = b * block, len = min_u64(e * block, v->nbytes) - off;
+		const char *p = (const char *)v->data + off;
+		if (!host && len) {
+			if (!buf && !(buf = malloc(batch))) {
+				snprintf(err->message, sizeof err->message,
+					 "out of memory for a %llu-byte hashing buffer",
+					 (unsigned long long)batch);
+				return err->code = FST_ENOMEM;
+			}
+			int rc = fst_copy_to_host(v, off, buf, (size_t)len, err);
+			if (rc) {
+				free(buf);
+				return rc;
+			}
+			p = buf;
+		}
+		for (uint64_t i = b; i < e; i++) {
+			uint64_t o = (i - b) * block, n = min_u64(len - o, block);
+			if (st)
+				x->stream_update(st, p + o, (size_t)n);
+			if (blocks && (!have || !have[i]))
+				x->hash128(p + o, (size_t)n, 0, blocks[i]);
+		}
+		b = e;
+	}
+	free(buf);
+	return 0;
+}
+
+int cli_tensor_digests(const fst_tensor_view *v, char plain[33], char tree[33], fst_error *err)
+{
+	const struct cli_xxh3 *x = cli_xxh3(NULL);
+	if (!x)
+		return no_kernel(err);
+	const uint64_t nb = cli_tree_blocks(v->nbytes, CLI_TREE_BLOCK);
+	void *st = plain ? x->stream_new() : NULL;
+	unsigned char(*blocks)[16] = tree ? malloc(nb * 16) : NULL;
+	int rc = 0;
+	if ((plain && !st) || (tree && !blocks)) {
+		snprintf(err->message, sizeof err->message, "out of memory for hashing");
+		rc = err->code = FST_ENOMEM;
+	}
+	if (!rc)
+		rc = hash_blocks(x, v, CLI_TREE_BLOCK, st, NULL, blocks, err);
+	unsigned char d[16];
+	if (!rc && plain) {
+		x->stream_digest(st, d);
+		to_hex(d, 16, plain);
+	}
+	if (!rc && tree) {
+		cli_tree_root(x, (const unsigned char(*)[16])blocks, nb, v->nbytes, d);
+		to_hex(d, 16, tree);
+	}
+	if (st)
+		x->stream_free(st);
+	free(blocks);
+	return rc;
+}
+
 int cli_tensor_xxh3(const fst_tensor_view *v, char hex[33], fst_error *err)
 {
-	XXH3_state_t *st = XXH3_createState();
-	if (!st)
-		return FST_ENOMEM;
-	XXH3_128bits_reset(st);
-	int rc = 0;
-	if (v->device_type == FST_DEVICE_CPU) {
-		XXH3_128bits_update(st, v->data, (size_t)v->nbytes);
-	} else {
-		const size_t block = 16u << 20;
-		char *buf = malloc(block);
-		if (!buf)
-			rc = FST_ENOMEM;
-		for (uint64_t off = 0; !rc && off < v->nbytes; off += block) {
-			size_t n = (size_t)(v->nbytes - off < block ? v->nbytes - off : block);
-			rc = fst_copy_to_host(v, off, buf, n, err);
-			if (!rc)
-				XXH3_128bits_update(st, buf, n);
-		}
-		free(buf);
-	}
-	XXH128_canonical_t c;
-	XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));
-	XXH3_freeState(st);
-	for (int i = 0; i < 16; i++)
-		snprintf(hex + 2 * i, 3, "%02x", c.digest[i]);
-	return rc;
+	return cli_tensor_digests(v, hex, NULL, err);
 }
 
 /* SHA-256 of a whole file, read sequentially, as 64 hex digits. */
@@ -77,12 +222,10 @@ int cli_file_sha256(const char *path, char hex[65])
 	}
 	unsigned char md[32];
 	unsigned len = 0;
-	if (!rc && EVP_DigestFinal_ex(ctx, md, &len) == 1 && len == 32) {
-		for (int i = 0; i < 32; i++)
-			snprintf(hex + 2 * i, 3, "%02x", md[i]);
-	} else if (!rc) {
+	if (!rc && EVP_DigestFinal_ex(ctx, md, &len) == 1 && len == 32)
+		to_hex(md, 32, hex);
+	else if (!rc)
 		rc = -EIO;
-	}
 	EVP_MD_CTX_free(ctx);
 	free(buf);
 	close(fd);
@@ -95,18 +238,133 @@ const char *cli_basename(const char *path)
 	return s ? s + 1 : path;
 }
 
-/* The streaming load, hashing each tensor as it is handed out (while the
- * readers go on with the next ones) and comparing with the manifest. */
+/* ---- checking a load against a manifest */
+
+/* A block that reached host memory in pieces (it straddles two reads): its
+ * bytes are gathered here until the last piece arrives. */
+struct partial {
+	uint64_t index; /* block, in the checker's numbering */
+	_Atomic uint64_t filled;
+	unsigned char *bytes;
+	struct partial *next;
+};
+
 struct checker {
+	const struct cli_xxh3 *x;
+	const fst_checkpoint *ck;
 	fst_loader *ld;
-	json_t *want;
+	json_t *want;   /* name -> hex: trees, or plain digests (trees false) */
+	bool trees;
+	uint64_t block;
+	/* per checkpoint tensor: its size and its first block in the arrays */
+	uint64_t *nbytes, *first;
+	unsigned char (*digest)[16];
+	unsigned char *have; /* set when the block was hashed on its way */
 	pthread_mutex_t lock;
+	struct partial *partials;
 	int rc;
 	fst_error err;
 	size_t checked;
 };
 
-/* One hashing thread: takes tensors as the loader hands them out. */
+static void set_error(struct checker *k, int rc, const fst_error *e)
+{
+	pthread_mutex_lock(&k->lock);
+	if (!k->rc) {
+		k->rc = rc;
+		k->err = *e;
+	}
+	pthread_mutex_unlock(&k->lock);
+}
+
+/* Gather piece [off, off + len) of block b (of blen bytes); returns the
+ * block's bytes when this piece completed it (the caller frees them), NULL
+ * otherwise. *nomem is set when no buffer could be had. */
+static unsigned char *gather(struct checker *k, uint64_t b, uint64_t blen, uint64_t off,
+			     const void *bytes, uint64_t len, bool *nomem)
+{
+	pthread_mutex_lock(&k->lock);
+	struct partial *p = k->partials;
+	while (p && p->index != b)
+		p = p->next;
+	if (!p && (p = calloc(1, sizeof *p))) {
+		if ((p->bytes = malloc(blen))) {
+			p->index = b;
+			p->next = k->partials;
+			k->partials = p;
+		} else {
+			free(p);
+			p = NULL;
+		}
+	}
+	pthread_mutex_unlock(&k->lock);
+	if (!p) {
+		*nomem = true;
+		return NULL;
+	}
+	memcpy(p->bytes + off, bytes, len);
+	if (atomic_fetch_add(&p->filled, len) + len != blen)
+		return NULL;
+	/* complete: every other piece was copied before its fetch_add */
+	pthread_mutex_lock(&k->lock);
+	struct partial **pp = &k->partials;
+	while (*pp != p)
+		pp = &(*pp)->next;
+	*pp = p->next;
+	pthread_mutex_unlock(&k->lock);
+	unsigned char *out = p->bytes;
+	free(p);
+	return out;
+}
+
+/* opts.on_landed: hash each block while it is still in the caches. */
+static int on_landed(void *ctx, size_t t, uint64_t off, const void *bytes, uint64_t len)
+{
+	struct checker *k = ctx;
+	uint64_t i = off / k->block, b = k->first[t] + i;
+	uint64_t blen = min_u64(k->block, k->nbytes[t] - i * k->block);
+	if (off % k->block == 0 && len == blen) {
+		k->x->hash128(bytes, (size_t)len, 0, k->digest[b]);
+		k->have[b] = 1;
+		return 0;
+	}
+	bool nomem = false;
+	unsigned char *whole = gather(k, b, blen, off % k->block, bytes, len, &nomem);
+	if (whole) {
+		k->x->hash128(whole, (size_t)blen, 0, k->digest[b]);
+		k->have[b] = 1;
+		free(whole);
+	}
+	/* without memory the block is hashed after the load instead */
+	(void)nomem;
+	return 0;
+}
+
+/* The digest of a ready tensor: its tree from the blocks hashed on the way
+ * and the rest hashed now, or its plain XXH3-128. */
+static int tensor_digest(struct checker *k, const fst_tensor_view *v, char hex[33],
+			 fst_error *e)
+{
+	if (!k->trees)
+		return cli_tensor_digests(v, hex, NULL, e);
+	/* the checkpoint index of the view (views are numbered by the buffer) */
+	long t = fst_checkpoint_find(k->ck, v->name);
+	if (t < 0 || k->nbytes[t] != v->nbytes) {
+		snprintf(e->message, sizeof e->message, "tensor \"%s\": not in the checkpoint",
+			 v->name);
+		return e->code = FST_EUSAGE;
+	}
+	uint64_t f = k->first[t], nb = cli_tree_blocks(v->nbytes, k->block);
+	int rc = hash_blocks(k->x, v, k->block, NULL, k->have + f, k->digest + f, e);
+	if (rc)
+		return rc;
+	unsigned char d[16];
+	cli_tree_root(k->x, (const unsigned char(*)[16])(k->digest + f), nb, v->nbytes, d);
+	to_hex(d, 16, hex);
+	return 0;
+}
+
+/* One checking thread: takes tensors as the loader hands them out. */
 static void *check_main(void *arg)
 {
 	struct checker *k = arg;
@@ -120,54 +378,131 @@ static void *check_main(void *arg)
 		if (r == 1) {
 			char hex[33];
 			json_t *w = json_object_get(k->want, v.name);
-			rc = cli_tensor_xxh3(&v, hex, &e);
+			rc = tensor_digest(k, &v, hex, &e);
 			if (!rc && (!json_is_string(w) || strcmp(json_string_value(w), hex))) {
 				snprintf(e.message, sizeof e.message,
-					 "tensor \"%s\": XXH3-128 %s but the manifest %s%s", v.name,
-					 hex, w ? "says " : "does not list it",
+					 "tensor \"%s\": XXH3-128%s %s but the manifest %s%s", v.name,
+					 k->trees ? " tree" : "", hex,
+					 w ? "says " : "does not list it",
 					 w ? json_string_value(w) : "");
 				e.code = rc = FST_EMISMATCH;
 			}
 			fst_view_release(&v);
 		}
-		pthread_mutex_lock(&k->lock);
-		if (rc && !k->rc) {
-			k->rc = rc;
-			k->err = e;
-		}
-		if (!rc)
-			k->checked++;
-		pthread_mutex_unlock(&k->lock);
 		if (rc) {
+			set_error(k, rc, &e);
 			fst_loader_cancel(k->ld); /* the others stop too */
 			break;
 		}
+		pthread_mutex_lock(&k->lock);
+		k->checked++;
+		pthread_mutex_unlock(&k->lock);
 	}
 	return NULL;
+}
+
+/* The per-block arrays, for every tensor of the checkpoint. */
+static int checker_blocks(struct checker *k, const fst_checkpoint *ck, fst_error *err)
+{
+	size_t n = fst_checkpoint_tensor_count(ck);
+	k->nbytes = calloc(n + 1, sizeof *k->nbytes);
+	k->first = calloc(n + 1, sizeof *k->first);
+	uint64_t total = 0;
+	for (size_t i = 0; k->nbytes && k->first && i < n; i++) {
+		fst_tensor_info info;
+		fst_checkpoint_tensor(ck, i, &info, NULL);
+		k->nbytes[i] = info.nbytes;
+		k->first[i] = total;
+		total += cli_tree_blocks(info.nbytes, k->block);
+	}
+	k->digest = k->first ? calloc(total + 1, 16) : NULL;
+	k->have = k->digest ? calloc(total + 1, 1) : NULL;
+	if (!k->have) {
+		snprintf(err->message, sizeof err->message,
+			 "out of memory for the digests of %zu tensors", n);
+		return err->code = FST_ENOMEM;
+	}
+	return 0;
+}
+
+static void checker_free(struct checker *k)
+{
+	while (k->partials) {
+		struct partial *p = k->partials;
+		k->partials = p->next;
+		free(p->bytes);
+		free(p);
+	}
+	free(k->nbytes);
+	free(k->first);
+	free(k->digest);
+	free(k->have);
+	pthread_mutex_destroy(&k->lock);
+}
+
+/* Read the manifest: its trees when it has them, else its plain digests. */
+static json_t *read_manifest(const char *manifest, struct checker *k, fst_error *err)
+{
+	json_error_t jerr;
+	json_t *m = json_load_file(manifest, 0, &jerr);
+	json_t *tensors = m ? json_object_get(m, "tensors") : NULL;
+	json_t *trees = m ? json_object_get(m, "trees") : NULL;
+	json_t *block = m ? json_object_get(m, "tree_block") : NULL;
+	if (!json_is_object(tensors) || (trees && !json_is_object(trees)) ||
+	    (trees && !json_is_integer(block))) {
+		snprintf(err->message, sizeof err->message,
+			 "%s: not a manifest written by `fst verify --manifest`%s%s", manifest,
+			 m ? "" : ": ", m ? "" : jerr.text);
+		json_decref(m);
+		err->code = FST_EUSAGE;
+		return NULL;
+	}
+	k->trees = trees != NULL;
+	k->want = trees ? trees : tensors;
+	if (trees) {
+		json_int_t b = json_integer_value(block);
+		if (b < 4096 || b > (1 << 30) || (b & (b - 1))) {
+			snprintf(err->message, sizeof err->message,
+				 "%s: tree_block %lld is not a power of two from 4 KiB to 1 GiB",
+				 manifest, (long long)b);
+			json_decref(m);
+			err->code = FST_EUSAGE;
+			return NULL;
+		}
+		k->block = (uint64_t)b;
+	}
+	return m;
 }
 
 int cli_load_checked(const fst_checkpoint *ck, const fst_load_opts *lo, const char *manifest,
 		     fst_buffer **out, size_t *checked, fst_error *err)
 {
-	json_error_t jerr;
-	json_t *m = json_load_file(manifest, 0, &jerr);
-	json_t *want = m ? json_object_get(m, "tensors") : NULL;
-	if (!json_is_object(want)) {
-		json_decref(m);
-		snprintf(err->message, sizeof err->message,
-			 "%s: not a manifest written by `fst verify --manifest`%s%s", manifest,
-			 m ? "" : ": ", m ? "" : jerr.text);
-		err->code = FST_EUSAGE;
-		return FST_EUSAGE;
-	}
-	struct checker k = {.want = want, .rc = 0, .checked = 0};
+	*out = NULL;
+	*checked = 0;
+	struct checker k = {.x = cli_xxh3(NULL), .ck = ck};
+	if (!k.x)
+		return no_kernel(err);
+	json_t *m = read_manifest(manifest, &k, err);
+	if (!m)
+		return err->code;
 	pthread_mutex_init(&k.lock, NULL);
-	int rc = fst_load_start(ck, lo, &k.ld, err);
+	fst_load_opts opts = *lo;
+	int rc = 0;
+	if (k.trees) {
+		rc = checker_blocks(&k, ck, err);
+		opts.on_landed = on_landed;
+		opts.on_landed_ctx = &k;
+		opts.landed_block = k.block;
+	}
+	if (!rc)
+		rc = fst_load_start(ck, &opts, &k.ld, err);
 	if (rc) {
+		checker_free(&k);
 		json_decref(m);
 		return rc;
 	}
-	/* Hashing threads beside the readers: as many as there are CPUs. */
+	/* Checking threads beside the readers: they sleep until tensors are
+	 * ready and then mostly combine block digests already made. */
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	int n = ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
 	pthread_t t[16];
@@ -183,24 +518,24 @@ int cli_load_checked(const fst_checkpoint *ck, const fst_load_opts *lo, const ch
 	if (k.rc) {
 		fst_loader_free(k.ld);
 		*err = k.err;
-		json_decref(m);
-		return k.rc;
+		rc = k.rc;
+	} else {
+		rc = fst_loader_finish(k.ld, out, err);
 	}
-	rc = fst_loader_finish(k.ld, out, err);
-	if (!rc && *checked != json_object_size(want)) {
+	if (!rc && *checked != json_object_size(k.want)) {
 		const char *name;
 		json_t *val;
-		json_object_foreach(want, name, val)
+		json_object_foreach(k.want, name, val)
 			if (fst_buffer_find(*out, name) < 0)
 				break;
 		snprintf(err->message, sizeof err->message,
 			 "%s lists %zu tensors but the load has %zu (first missing: \"%s\")", manifest,
-			 json_object_size(want), *checked, name ? name : "?");
+			 json_object_size(k.want), *checked, name ? name : "?");
 		err->code = rc = FST_EMISMATCH;
 		fst_buffer_release(*out);
 		*out = NULL;
 	}
+	checker_free(&k);
 	json_decref(m);
 	return rc;
 }
-

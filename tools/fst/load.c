@@ -116,7 +116,7 @@ int cmd_load(int argc, char **argv)
 		return cli_exit_code(rc);
 	}
 	if (manifest && !as_json)
-		printf("checked %zu tensors against %s: all XXH3-128 equal\n", checked, manifest);
+		printf("checked %zu tensors against %s: every digest equal\n", checked, manifest);
 	uint64_t bytes = fst_buffer_tensor_bytes(buf);
 	size_t tensors = fst_buffer_tensor_count(buf);
 	double secs = t2 - t0, gbps = secs > 0 ? (double)bytes / secs / 1e9 : 0;
@@ -129,6 +129,8 @@ int cmd_load(int argc, char **argv)
 				      "seconds", secs, "gbps", gbps, "path_chosen",
 				      fst_buffer_describe(buf), "peak_rss",
 				      (json_int_t)cli_peak_rss());
+		if (manifest)
+			json_object_set_new(o, "checked_tensors", json_integer((json_int_t)checked));
 		json_dumpf(o, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
 		fputc('\n', stdout);
 		json_decref(o);

@@ -5,6 +5,7 @@
  * sequential pread, its own offsets arithmetic.
  */
 #include "cli.h"
+#include "xxh3.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -33,10 +34,10 @@ static void help(FILE *out)
 }
 
 /* Each file's SHA-256 and each loaded tensor's XXH3-128; optionally a
- * manifest with both. */
+ * manifest with both and each tensor's block tree (for `fst load --check`). */
 static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *manifest)
 {
-	json_t *files = json_object(), *tensors = json_object();
+	json_t *files = json_object(), *tensors = json_object(), *trees = json_object();
 	int rc = EXIT_OK;
 	for (size_t fi = 0; fi < fst_checkpoint_file_count(ck) && rc == EXIT_OK; fi++) {
 		const char *p = fst_file_path(fst_checkpoint_file(ck, fi));
@@ -53,20 +54,25 @@ static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *m
 	for (size_t i = 0; i < fst_buffer_tensor_count(buf) && rc == EXIT_OK; i++) {
 		fst_tensor_view v;
 		fst_error err;
-		char hex[33];
+		char hex[33], tree[33];
 		fst_buffer_tensor(buf, i, &v);
-		if (cli_tensor_xxh3(&v, hex, &err)) {
+		int e = cli_tensor_digests(&v, hex, manifest ? tree : NULL, &err);
+		if (e) {
 			cli_error("verify", "tensor \"%s\": cannot hash: %s", v.name, err.message);
-			rc = EXIT_DEVICE;
+			rc = cli_exit_code(e);
 		} else {
 			printf("xxh3-128 %s %s\n", hex, v.name);
 			json_object_set_new(tensors, v.name, json_string(hex));
+			if (manifest)
+				json_object_set_new(trees, v.name, json_string(tree));
 		}
 		fst_view_release(&v);
 	}
 	if (rc == EXIT_OK && manifest) {
-		json_t *m = json_pack("{s:s, s:o, s:o}", "format", "fst-manifest-1", "files",
-				      json_incref(files), "tensors", json_incref(tensors));
+		json_t *m = json_pack("{s:s, s:o, s:o, s:I, s:o}", "format", "fst-manifest-1",
+				      "files", json_incref(files), "tensors", json_incref(tensors),
+				      "tree_block", (json_int_t)CLI_TREE_BLOCK, "trees",
+				      json_incref(trees));
 		if (!m || json_dump_file(m, manifest, JSON_INDENT(1) | JSON_SORT_KEYS)) {
 			cli_error("verify", "%s: cannot write the manifest", manifest);
 			rc = EXIT_IO;
@@ -75,6 +81,7 @@ static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *m
 	}
 	json_decref(files);
 	json_decref(tensors);
+	json_decref(trees);
 	return rc;
 }
 
