@@ -389,7 +389,7 @@ typedef struct fst_load_opts {
 	int (*on_landed)(void *ctx, size_t tensor, uint64_t offset, const void *bytes,
 			 uint64_t len);
 	void *on_landed_ctx;
-	uint64_t landed_block; /* 0 = 1 MiB; a power of two, 4 KiB to 1 GiB */
+	uint64_t landed_block; /* 0 = 256 KiB; a power of two, 4 KiB to 1 GiB */
 } fst_load_opts;
 
 /* Fill opts with the defaults (since 0.1). */

@@ -33,7 +33,7 @@ def ckpt(gen_dir):
 
 @pytest.fixture(scope="module")
 def big_ckpt(gen_dir):
-    """Tensors of several 1 MiB blocks, at misaligned offsets."""
+    """Tensors of several 256 KiB blocks, at misaligned offsets."""
     return gen_dir(shards=2, seed=12, size="24MiB", misaligned=True, tag="-integrity-big")
 
 
@@ -108,14 +108,14 @@ def test_manifest_trees_match_the_definition(big_ckpt, tmp_path):
     r = fsttest.fst("verify", big_ckpt, "--manifest", man)
     assert r.returncode == 0, r.stderr
     m = json.loads(man.read_text())
-    assert m["tree_block"] == 1 << 20
+    assert m["tree_block"] == 256 << 10
     data = dict(tensor_bytes(big_ckpt))
-    assert max(len(d) for d in data.values()) > 1 << 20  # multi-block trees exist
-    assert m["trees"] == {name: tree(d, 1 << 20) for name, d in data.items()}
+    assert max(len(d) for d in data.values()) > 1 << 20  # trees of several blocks exist
+    assert m["trees"] == {name: tree(d, 256 << 10) for name, d in data.items()}
     assert m["tensors"] == {name: xxhash.xxh3_128_hexdigest(d) for name, d in data.items()}
 
 
-@pytest.mark.parametrize("block", [4096, 65536, 1 << 20])
+@pytest.mark.parametrize("block", [4096, 65536, 256 << 10, 1 << 20])
 def test_check_every_reader_and_block(big_ckpt, tmp_path, block):
     """Blocks hashed as they land, whole or gathered from the pieces of two
     reads (small chunks and O_DIRECT landing slots split many), or after the

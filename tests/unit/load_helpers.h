@@ -350,7 +350,7 @@ typedef struct lh_landed {
 	unsigned char **cov;        /* a count per byte of each selected tensor */
 	uint64_t *reported;         /* bytes reported, per tensor */
 	char **names;
-	uint64_t block;             /* landed_block as given: 0 is 1 MiB */
+	uint64_t block;             /* landed_block as given: 0 is 256 KiB */
 	bool whole_blocks;
 	unsigned long calls;
 	unsigned long fail_at;
@@ -428,7 +428,7 @@ static inline int lh_on_landed(void *ctx, size_t tensor, uint64_t offset, const 
 	if (l->sleep_every && k % l->sleep_every == 0)
 		usleep(200);
 	pthread_mutex_lock(&l->lock);
-	const uint64_t b = l->block ? l->block : 1ull << 20;
+	const uint64_t b = l->block ? l->block : 256u << 10;
 	if (tensor >= l->n || !l->selected[tensor]) {
 		lh_landed_problem(l, "call %lu: tensor %zu %s", k, tensor,
 				  tensor >= l->n ? "out of range" : "not selected");

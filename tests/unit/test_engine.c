@@ -1174,7 +1174,7 @@ static void write_block_edges(lh_ckpt *lc)
 }
 
 /* The checkpoints of the on_landed tests: the block edges above, then
- * random ones with tensors of up to 1.5 MiB (more than one 1 MiB block). */
+ * random ones with tensors of up to 1.5 MiB (several blocks of the default 256 KiB). */
 static void write_landed_ckpt(unsigned i, lh_ckpt *lc)
 {
 	if (i == 0) {
@@ -1189,7 +1189,7 @@ static void write_landed_ckpt(unsigned i, lh_ckpt *lc)
 
 static uint64_t block_of(uint64_t landed_block)
 {
-	return landed_block ? landed_block : 1ull << 20;
+	return landed_block ? landed_block : 256u << 10;
 }
 
 static const int landed_ios[] = {FST_IO_PREAD, FST_IO_URING};

@@ -35,7 +35,7 @@ const struct cli_xxh3 *cli_xxh3(const char **why);
  * Blocks can be hashed in any order, by any thread, while they are still
  * in the CPU's caches.
  */
-#define CLI_TREE_BLOCK (1u << 20)
+#define CLI_TREE_BLOCK (256u << 10) /* the engine's default landed_block */
 static inline uint64_t cli_tree_blocks(uint64_t nbytes, uint64_t block)
 {
 	return nbytes ? (nbytes + block - 1) / block : 1;
