@@ -10,5 +10,6 @@ run() { timeout 300 torchrun --nproc_per_node "$NGPU" tests/gpu/dist_check.py "$
 	grep -v "^W1\|OMP_NUM_THREADS\|^\*\*\*\*" ; }
 [ -z "${SKIP_CHECK:-}" ] && { echo "== check"; run check; }
 echo "== fail (rank 1 cannot read)"; run fail
+echo "== nccl (rank 1's NCCL call fails; both load again; TIMEOUT_MS=5000)"; TIMEOUT_MS=5000 run nccl
 echo "== vanish (rank 1 leaves; TIMEOUT_MS=15000)"; TIMEOUT_MS=15000 run vanish
 echo "== bench"; run bench

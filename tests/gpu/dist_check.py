@@ -1,11 +1,12 @@
 """Description: tensor-parallel loads on the GPUs of one host, one process a
 GPU (run with torchrun): every rank's shards byte-equal to the reference
 loader's tensors cut the same way and to a single-GPU load; a rank that
-fails to read, and a rank that vanishes, make every rank fail within the
-timeout; and, in bench mode, time and bytes read per rank against every rank
+fails to read, a rank whose NCCL call fails (after which both load again
+over a new communicator), and a rank that vanishes, make every rank fail
+within the timeout; and, in bench mode, time and bytes read per rank against every rank
 loading everything with the reference loader.
 
-  torchrun --nproc_per_node 2 tests/gpu/dist_check.py CKPT check|fail|vanish|bench
+  torchrun --nproc_per_node 2 tests/gpu/dist_check.py CKPT check|fail|nccl|vanish|bench
 """
 import json
 import os
@@ -92,6 +93,28 @@ def main():
             sys.exit(1)
         except fst.SafetensorError as e:
             say(f"OK: failed in {time.perf_counter() - t0:.2f} s: {e}")
+    elif mode == "nccl":
+        # The real NCCL call of the final agreement fails on rank 1 (an
+        # injected fault at the nccl site): both ranks fail, then both load
+        # again over a new communicator, with the right bytes.
+        if rank == 1:
+            fst._fst.fault_set("nccl:1")
+        t0 = time.perf_counter()
+        try:
+            fst.load_sharded(ck, comm, dims)
+            say("FAIL: the load succeeded")
+            sys.exit(1)
+        except fst.SafetensorError as e:
+            say(f"OK: failed in {time.perf_counter() - t0:.2f} s: {e}")
+        fst._fst.fault_set(None)
+        dist.barrier()
+        comm2 = fst.Comm(device=rank, timeout_ms=timeout_ms)
+        got = fst.load_sharded(path, comm2, dims)
+        single = fst.load_file(path, device=f"cuda:{rank}")
+        for name, t in got.items():
+            assert same_bytes(t, cut(single[name], dims.get(name), rank, world)), name
+        say(f"OK: loaded again over a new communicator: {len(got)} tensors equal to a "
+            f"single-GPU load")
     elif mode == "vanish":
         if rank == 1:
             say("leaving without loading")
