@@ -21,7 +21,7 @@ mkdir -p "$OUT" "$WORK"
 {
 	echo "== machine"; nproc; grep -m1 'model name' /proc/cpuinfo
 	grep -o -w 'avx2\|avx512f' /proc/cpuinfo | sort | uniq -c
-	echo "== fst bench --check (in-process, reused memory, best of $RUNS)"
+	echo "== fst bench --check (in-process, fresh and reused memory, best of $RUNS)"
 	"$FST" bench "$M" --check "$WORK/manifest.json" --no-cold --no-reference --runs "$RUNS"
 } 2>&1 | tee "$OUT/bench-check.txt"
 "$FST" bench "$M" --check "$WORK/manifest.json" --no-cold --no-reference --runs "$RUNS" --json \
