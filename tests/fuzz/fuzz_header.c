@@ -3,7 +3,9 @@
  * every accessor is walked and the invariants the format promises are
  * checked (tensors tile the data section, sizes match dtype and shape,
  * every name is found), the file is written again with fst_writer and must
- * read back identical, and it goes through a one-file checkpoint.
+ * read back identical, and it goes through a one-file checkpoint that is
+ * loaded onto the CPU (every tensor equal to the input's bytes, each byte
+ * shown once to on_landed).
  * A failed open must be a clean status with a message. Built with
  * -fsanitize=fuzzer,address,undefined, and also without the fuzzer by
  * replay.c to run the corpus as a regression test. */
@@ -107,8 +109,61 @@ static unsigned walk(const fst_file *f, const uint8_t *data, size_t size)
 	return sum;
 }
 
-/* The same table seen through a checkpoint of one file. */
-static void walk_checkpoint(fst_file *f)
+/* on_landed during the fuzz load: every piece must be the input's bytes. */
+struct landed {
+	const fst_checkpoint *c;
+	const uint8_t *data;
+	uint64_t bytes;
+};
+
+static int check_landed(void *ctx, size_t tensor, uint64_t offset, const void *bytes,
+			uint64_t len)
+{
+	struct landed *l = ctx;
+	fst_tensor_info ti;
+	CHECK(fst_checkpoint_tensor(l->c, tensor, &ti, NULL) == 0);
+	CHECK(len && offset + len <= ti.nbytes);
+	CHECK(offset / 4096 == (offset + len - 1) / 4096); /* inside one block */
+	CHECK(!memcmp(bytes, l->data + ti.file_offset + offset, (size_t)len));
+	l->bytes += len;
+	return 0;
+}
+
+/* Load the checkpoint onto the CPU, as a memory image: every tensor equals
+ * its bytes in the input, and on_landed sees each byte once. */
+static void load_checkpoint(const fst_checkpoint *c, const uint8_t *data)
+{
+	struct landed l = {c, data, 0};
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.threads = 1;
+	o.chunk_bytes = 4096;
+	o.landed_block = 4096;
+	o.on_landed = check_landed;
+	o.on_landed_ctx = &l;
+	fst_buffer *b = (fst_buffer *)(uintptr_t)1;
+	fst_error err;
+	int rc = fst_load(c, &o, &b, &err);
+	if (rc) {
+		CHECK(rc == FST_ENOMEM && b == NULL);
+		return;
+	}
+	CHECK(fst_buffer_tensor_count(b) == fst_checkpoint_tensor_count(c));
+	for (size_t i = 0; i < fst_buffer_tensor_count(b); i++) {
+		fst_tensor_view v;
+		fst_tensor_info ti;
+		CHECK(fst_buffer_tensor(b, i, &v) == 0);
+		CHECK(fst_checkpoint_tensor(c, i, &ti, NULL) == 0);
+		CHECK(v.nbytes == ti.nbytes && !strcmp(v.name, ti.name));
+		CHECK(!v.nbytes || !memcmp(v.data, data + ti.file_offset, (size_t)v.nbytes));
+		fst_view_release(&v);
+	}
+	CHECK(l.bytes == fst_checkpoint_total_bytes(c));
+	fst_buffer_release(b);
+}
+
+/* The same table seen through a checkpoint of one file, then loaded. */
+static void walk_checkpoint(fst_file *f, const uint8_t *data)
 {
 	size_t n = fst_file_tensor_count(f);
 	fst_checkpoint *c;
@@ -131,6 +186,7 @@ static void walk_checkpoint(fst_file *f)
 		total += ti.nbytes;
 	}
 	CHECK(fst_checkpoint_total_bytes(c) == total);
+	load_checkpoint(c, data);
 	fst_checkpoint_close(c);
 }
 
@@ -229,6 +285,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	volatile unsigned sink = walk(f, data, size);
 	(void)sink;
 	round_trip(f, data);
-	walk_checkpoint(f); /* takes ownership of f */
+	walk_checkpoint(f, data); /* takes ownership of f */
 	return 0;
 }

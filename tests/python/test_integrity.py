@@ -202,3 +202,28 @@ def test_manifest_then_check(ckpt, tmp_path):
         (tmp_path / "junk.json").write_text(junk)
         r = check(ckpt, tmp_path / "junk.json")
         assert r.returncode == 1 and ("not a manifest" in r.stderr or "tree_block" in r.stderr)
+
+
+def test_check_onto_a_gpu_double(big_ckpt, tmp_path, cuda_double):
+    """Onto a GPU (the libcuda double): blocks are hashed in pinned staging,
+    blocks split between two landing slots are gathered, the rest is copied
+    back; the check passes, and a wrong tree fails it naming the tensor."""
+    data = dict(tensor_bytes(big_ckpt))
+    env = {"FST_CUDA_LIBRARY": cuda_double, "FST_GDS": "off"}
+    for block in (4096, 256 << 10):
+        m = {"format": "fst-manifest-1", "files": {}, "tree_block": block,
+             "tensors": {n: xxhash.xxh3_128_hexdigest(d) for n, d in data.items()},
+             "trees": {n: tree(d, block) for n, d in data.items()}}
+        man = tmp_path / f"m{block}.json"
+        man.write_text(json.dumps(m))
+        for args in (["--io", "pread"], ["--io", "uring", "--staging", "1MiB"]):
+            r = fsttest.fst("load", big_ckpt, "--check", man, "--no-progress", "--device",
+                            "cuda:0", *args, env=env)
+            assert r.returncode == 0, (block, args, r.stderr)
+            assert f"checked {len(data)} tensors" in r.stdout
+        name = max(data, key=lambda n: len(data[n]))
+        bad = dict(m, trees=dict(m["trees"], **{name: "f" * 32}))
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        r = fsttest.fst("load", big_ckpt, "--check", tmp_path / "bad.json", "--no-progress",
+                        "--device", "cuda:0", env=env)
+        assert r.returncode == 3 and f'tensor "{name}"' in r.stderr
