@@ -38,6 +38,8 @@ tsan: deps
 	cmake --build $(BUILD)-tsan -j $(JOBS)
 	cd $(BUILD)-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $${TSAN_OPTIONS:-}" \
 		ctest --output-on-failure -j $(JOBS) -R 'unit.test_(stress|engine)$$'
+	TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $${TSAN_OPTIONS:-}" \
+		bash tests/tsan_check.sh $(BUILD)-tsan
 
 # The Python package (pip install . builds the extension from src/).
 python: deps
