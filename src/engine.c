@@ -114,41 +114,18 @@ int fsti_report_landed(struct fsti_engine *e, const struct fsti_chunk *c, uint64
 				memcpy(copy_to + t->dst_off + rel, at, n);
 				at = copy_to + t->dst_off + rel;
 			}
-			if (e->opts.on_landed) {
-				int rc = e->opts.on_landed(e->opts.on_landed_ctx, t->entry, rel, at, n);
-				if (rc) {
-					fst_tensor_info info;
-					fst_checkpoint_tensor(e->ck, t->entry, &info, NULL);
-					return fsti_err(err, rc < 0 && rc >= FST_ECHANGED ? rc : FST_ECANCELED,
-							"tensor \"%s\": on_landed returned %d at byte %" PRIu64,
-							info.name, rc, rel);
-				}
+			int rc = e->opts.on_landed(e->opts.on_landed_ctx, t->entry, rel, at, n);
+			if (rc) {
+				fst_tensor_info info;
+				fst_checkpoint_tensor(e->ck, t->entry, &info, NULL);
+				return fsti_err(err, rc < 0 && rc >= FST_ECHANGED ? rc : FST_ECANCELED,
+						"tensor \"%s\": on_landed returned %d at byte %" PRIu64,
+						info.name, rc, rel);
 			}
 			x += n;
 		}
 	}
 	return 0;
-}
-
-/*
- * The end of the next read of a direct chunk that reports what it read:
- * at most landed_block past s, and never inside one of a tensor's blocks,
- * so that every block is reported whole, straight after its read.
- */
-static uint64_t reporting_cut(const struct fsti_engine *e, const struct fsti_chunk *c,
-			      uint32_t *k, uint64_t s)
-{
-	const uint64_t block = e->opts.landed_block, end = c->file_off + c->len;
-	uint64_t x = FSTI_MIN(s + block, end);
-	if (x == end)
-		return end;
-	while (*k < c->last && e->plan.t[*k].file_off + e->plan.t[*k].nbytes < x)
-		(*k)++;
-	const struct fsti_plan_tensor *t = &e->plan.t[*k];
-	if (x <= t->file_off || x >= t->file_off + t->nbytes)
-		return x;
-	uint64_t cut = t->file_off + (x - t->file_off) / block * block;
-	return cut > s ? cut : x;
 }
 
 /* ---- the host sink for readers that need landing slots (O_DIRECT) */
@@ -253,10 +230,15 @@ static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 		if (!e->opts.on_landed) {
 			rc = e->reader->read_exact(e, rstate, c->file, c->file_off, c->len, dst, err);
 		} else {
-			/* reads of at most one block, each reported at once */
-			uint32_t k = c->first;
-			for (uint64_t s = c->file_off, cut; !rc && s < c->file_off + c->len; s = cut) {
-				cut = reporting_cut(e, c, &k, s);
+			/* Reads of at most one block, each reported at once, and
+			 * never ending inside a tensor's block: every block is
+			 * reported whole, straight after its read. */
+			const uint64_t block = e->opts.landed_block, end = c->file_off + c->len;
+			size_t k = c->first;
+			for (uint64_t s = c->file_off, cut; !rc && s < end; s = cut) {
+				cut = FSTI_MIN(s + block, end);
+				if (cut < end)
+					cut = fsti_plan_block_cut(&e->plan, &k, c->last, s, cut, block);
 				char *at = dst + (s - c->file_off);
 				rc = e->reader->read_exact(e, rstate, c->file, s, cut - s, at, err);
 				if (!rc)

@@ -63,6 +63,14 @@ int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void 
 			  uint64_t direct_chunk_bytes, uint64_t grain, struct fsti_plan *out,
 			  fst_error *err);
 
+/* Move a cut at file offset stop (past off, inside the tensors *k..last of
+ * one extent) back to the last multiple of grain counted from the first
+ * byte of the tensor it falls in, when that is still past off, so no
+ * grain-sized block of a tensor is split. A cut at a tensor boundary stays.
+ * *k is a cursor: it moves forward to the tensor the cut falls in. */
+uint64_t fsti_plan_block_cut(const struct fsti_plan *p, size_t *k, size_t last, uint64_t off,
+			     uint64_t stop, uint64_t grain);
+
 /* A plan of arbitrary pieces (file ranges to destination offsets), in file
  * order and not overlapping: the read phase of a tensor-parallel load. */
 int fsti_plan_from_pieces(const struct fsti_plan_tensor *pieces, size_t n, uint32_t align,

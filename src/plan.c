@@ -47,18 +47,12 @@ static int push_chunk(struct fsti_plan *p, size_t *cap, const struct fsti_chunk 
 	return 0;
 }
 
-/*
- * Move a cut at file offset stop (inside the extent of tensors [k, last],
- * past off) back to the last multiple of grain counted from the first byte
- * of the tensor it falls in, so no grain-sized block of a tensor is split
- * between two chunks. Tensor boundaries are fine as they are.
- */
-static uint64_t grain_cut(const struct fsti_plan *p, size_t k, size_t last, uint64_t off,
-			  uint64_t stop, uint64_t grain)
+uint64_t fsti_plan_block_cut(const struct fsti_plan *p, size_t *k, size_t last, uint64_t off,
+			     uint64_t stop, uint64_t grain)
 {
-	while (k < last && p->t[k].file_off + p->t[k].nbytes < stop)
-		k++;
-	const struct fsti_plan_tensor *t = &p->t[k];
+	while (*k < last && p->t[*k].file_off + p->t[*k].nbytes < stop)
+		(*k)++;
+	const struct fsti_plan_tensor *t = &p->t[*k];
 	if (stop <= t->file_off || stop >= t->file_off + t->nbytes)
 		return stop;
 	uint64_t cut = t->file_off + (stop - t->file_off) / grain * grain;
@@ -74,8 +68,10 @@ static int emit_extent(struct fsti_plan *p, size_t *cap, size_t first, size_t la
 	size_t k = first;
 	for (uint64_t off = start; off < end;) {
 		uint64_t stop = direct ? off + chunk_bytes : (off / chunk_bytes + 1) * chunk_bytes;
-		if (direct && grain && grain <= chunk_bytes && stop < end)
-			stop = grain_cut(p, k, last, off, stop, grain);
+		if (direct && grain && grain <= chunk_bytes && stop < end) {
+			size_t at = k; /* k stays the first tensor of this chunk */
+			stop = fsti_plan_block_cut(p, &at, last, off, stop, grain);
+		}
 		uint64_t len = FSTI_MIN(stop, end) - off;
 		struct fsti_chunk c = {
 			.file = a->file,
