@@ -195,16 +195,20 @@ static double parallel_read(const struct files *fs, char *dst, unsigned threads,
 
 /* ---- fst and the reference */
 
-static double fst_once(const char *path, const fst_load_opts *lo, char *why, size_t whylen,
-		       int *rc)
+/* One timed load (checkpoint open included), checked against manifest
+ * unless it is NULL; why gets the path chosen, or the failure. */
+static double fst_once(const char *path, const fst_load_opts *lo, const char *manifest,
+		       char *why, size_t whylen, int *rc)
 {
 	double t0 = cli_now();
 	fst_checkpoint *ck;
 	fst_buffer *buf = NULL;
 	fst_error err;
+	size_t nchecked = 0;
 	*rc = fst_checkpoint_open(path, &ck, &err);
 	if (!*rc) {
-		*rc = fst_load(ck, lo, &buf, &err);
+		*rc = manifest ? cli_load_checked(ck, lo, manifest, &buf, &nchecked, &err)
+			       : fst_load(ck, lo, &buf, &err);
 		fst_checkpoint_close(ck);
 	}
 	double dt = cli_now() - t0;
@@ -218,40 +222,19 @@ static double fst_once(const char *path, const fst_load_opts *lo, char *why, siz
 	return dt;
 }
 
-/* One load checked against a manifest (cli_load_checked), timed like
- * fst_once. */
-static double checked_once(const char *path, const fst_load_opts *lo, const char *manifest,
-			   int *rc)
-{
-	double t0 = cli_now();
-	fst_checkpoint *ck;
-	fst_buffer *buf = NULL;
-	fst_error err;
-	size_t nchecked = 0;
-	*rc = fst_checkpoint_open(path, &ck, &err);
-	if (!*rc) {
-		*rc = cli_load_checked(ck, lo, manifest, &buf, &nchecked, &err);
-		fst_checkpoint_close(ck);
-	}
-	double dt = cli_now() - t0;
-	fst_buffer_release(buf);
-	if (*rc) {
-		cli_error("bench", "%s", err.message);
-		return 0;
-	}
-	return dt;
-}
-
-/* Best of runs checked loads; *rc is set on a failure. */
-static double best_checked(const char *path, const fst_load_opts *lo, const char *manifest,
-			   uint64_t runs, int *rc)
+/* The best of runs loads as fst_once makes them (*first: the first one's
+ * time, when not NULL); *rc becomes an exit code on a failure. */
+static double fst_best(const char *path, const fst_load_opts *lo, const char *manifest,
+		       uint64_t runs, char *why, size_t whylen, double *first, int *rc)
 {
 	double best = 0;
 	for (uint64_t r = 0; r < runs && *rc == EXIT_OK; r++) {
 		int lrc;
-		double s = checked_once(path, lo, manifest, &lrc);
+		double s = fst_once(path, lo, manifest, why, whylen, &lrc);
 		if (lrc)
 			*rc = cli_exit_code(lrc);
+		if (r == 0 && first)
+			*first = s;
 		best = best == 0 || s < best ? s : best;
 	}
 	return best;
@@ -495,17 +478,8 @@ int cmd_bench(int argc, char **argv)
 		}
 	}
 
-	best = 0;
 	double first = 0;
-	for (uint64_t r = 0; r < runs && rc == EXIT_OK; r++) {
-		int lrc;
-		double s = fst_once(path, &lo, why, sizeof why, &lrc);
-		if (lrc)
-			rc = cli_exit_code(lrc);
-		if (r == 0)
-			first = s;
-		best = best == 0 || s < best ? s : best;
-	}
+	best = fst_best(path, &lo, NULL, runs, why, sizeof why, &first, &rc);
 	/* The first load of a process also pays for pinning its staging, which
 	 * later loads reuse: both are reported. */
 	rows[nrows] = (struct row){"fst load (warm, first)", first, ""};
@@ -515,7 +489,7 @@ int cmd_bench(int argc, char **argv)
 	snprintf(rows[nrows++].note, sizeof rows[0].note, "%s", why);
 	struct row *checked_warm = NULL;
 	if (manifest && rc == EXIT_OK) {
-		best = best_checked(path, &lo, manifest, runs, &rc);
+		best = fst_best(path, &lo, manifest, runs, why, sizeof why, NULL, &rc);
 		checked_warm = &rows[nrows];
 		rows[nrows] = (struct row){"fst load --check (warm)", best, ""};
 		snprintf(rows[nrows++].note, sizeof rows[0].note,
@@ -530,20 +504,13 @@ int cmd_bench(int argc, char **argv)
 		fst_allocator a = {reuse_alloc, reuse_free, &ru};
 		fst_load_opts lr = lo;
 		lr.allocator = &a;
-		best = 0;
-		for (uint64_t r = 0; r < runs && rc == EXIT_OK; r++) {
-			int lrc;
-			double s = fst_once(path, &lr, why, sizeof why, &lrc);
-			if (lrc)
-				rc = cli_exit_code(lrc);
-			best = best == 0 || s < best ? s : best;
-		}
+		best = fst_best(path, &lr, NULL, runs, why, sizeof why, NULL, &rc);
 		reused = &rows[nrows];
 		rows[nrows] = (struct row){"fst load (warm, reused memory)", best, ""};
 		snprintf(rows[nrows++].note, sizeof rows[0].note,
 			 "into memory already faulted in (an allocator hook)");
 		if (manifest && rc == EXIT_OK) {
-			best = best_checked(path, &lr, manifest, runs, &rc);
+			best = fst_best(path, &lr, manifest, runs, why, sizeof why, NULL, &rc);
 			checked_row = &rows[nrows];
 			rows[nrows] = (struct row){"fst load --check (warm, reused memory)", best, ""};
 			snprintf(rows[nrows++].note, sizeof rows[0].note,
@@ -577,7 +544,7 @@ int cmd_bench(int argc, char **argv)
 			 "%u threads, 16 MiB O_DIRECT pread", threads);
 		evict(&fs);
 		int lrc;
-		double s = fst_once(path, &lo, why, sizeof why, &lrc);
+		double s = fst_once(path, &lo, NULL, why, sizeof why, &lrc);
 		if (lrc)
 			rc = cli_exit_code(lrc);
 		fst_cold = &rows[nrows];
