@@ -68,7 +68,6 @@ uint64_t cli_peak_rss(void);
  * digits each (either may be NULL), SHA-256 of a file (64 hex digits;
  * returns 0 or -errno), a path's last component. */
 int cli_tensor_digests(const fst_tensor_view *v, char plain[33], char tree[33], fst_error *err);
-int cli_tensor_xxh3(const fst_tensor_view *v, char hex[33], fst_error *err);
 int cli_file_sha256(const char *path, char hex[65]);
 const char *cli_basename(const char *path);
 /* Load with the streaming API, checking each tensor against a manifest as

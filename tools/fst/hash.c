@@ -114,10 +114,10 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
 }
 
 /*
- * Hash block range [b0, b1) of a tensor: its plain XXH3-128 stream (st, may
- * be NULL) and, for each block with need[b] unset (need NULL: all), the
- * block digest into blocks[b]. Bytes on a GPU are fetched through host
- * memory, up to 16 blocks at a time.
+ * Hash a tensor's blocks: feed all its bytes to the plain XXH3-128 stream
+ * st (when not NULL), and put the digest of each block b with have[b] unset
+ * (have NULL: every block) into blocks[b] (when not NULL). Bytes on a GPU
+ * are fetched through host memory, up to 16 blocks at a time.
  */
 static int hash_blocks(const struct cli_xxh3 *x, const fst_tensor_view *v, uint64_t block,
 		       void *st, const unsigned char *have, unsigned char (*blocks)[16],
@@ -193,11 +193,6 @@ int cli_tensor_digests(const fst_tensor_view *v, char plain[33], char tree[33], 
 		x->stream_free(st);
 	free(blocks);
 	return rc;
-}
-
-int cli_tensor_xxh3(const fst_tensor_view *v, char hex[33], fst_error *err)
-{
-	return cli_tensor_digests(v, hex, NULL, err);
 }
 
 /* SHA-256 of a whole file, read sequentially, as 64 hex digits. */
