@@ -331,6 +331,12 @@ static inline int lh_filter_fn(void *ctx, const char *name)
 
 /* ---- on_landed: a recorder of every reported piece */
 
+/* The block size a load uses for landed_block as given (0: the default). */
+static inline uint64_t lh_block_of(uint64_t landed_block)
+{
+	return landed_block ? landed_block : 256u << 10;
+}
+
 /*
  * The rules of fst_load_opts.on_landed, checked as pieces arrive (from any
  * reader thread, under lock): the tensor is a selected checkpoint tensor,
@@ -428,7 +434,7 @@ static inline int lh_on_landed(void *ctx, size_t tensor, uint64_t offset, const 
 	if (l->sleep_every && k % l->sleep_every == 0)
 		usleep(200);
 	pthread_mutex_lock(&l->lock);
-	const uint64_t b = l->block ? l->block : 256u << 10;
+	const uint64_t b = lh_block_of(l->block);
 	if (tensor >= l->n || !l->selected[tensor]) {
 		lh_landed_problem(l, "call %lu: tensor %zu %s", k, tensor,
 				  tensor >= l->n ? "out of range" : "not selected");

@@ -1187,11 +1187,6 @@ static void write_landed_ckpt(unsigned i, lh_ckpt *lc)
 	lh_write_random(name, lh_base_seed() + 700 + i, &sh, lc);
 }
 
-static uint64_t block_of(uint64_t landed_block)
-{
-	return landed_block ? landed_block : 256u << 10;
-}
-
 static const int landed_ios[] = {FST_IO_PREAD, FST_IO_URING};
 
 /* One load with a recording on_landed (l, set up for o and flt), whole or
@@ -1286,7 +1281,7 @@ static void test_landed_pieces(void **state)
 				o.filter_ctx = &flt;
 			}
 			bool whole = o.io == FST_IO_PREAD &&
-				     o.chunk_bytes >= block_of(o.landed_block);
+				     o.chunk_bytes >= lh_block_of(o.landed_block);
 			lh_landed l;
 			lh_landed_init(&l, ck, fs.bytes, filtered ? &flt : NULL, o.landed_block,
 				       whole);
