@@ -66,6 +66,18 @@ def main():
     dims = shard_dims(ck)
     say = lambda *a: print(f"[rank {rank}]", *a, flush=True)
 
+    def expect_failure(note=""):
+        """The sharded load must fail: say how fast and why; returns seconds."""
+        t0 = time.perf_counter()
+        try:
+            fst.load_sharded(ck, comm, dims)
+        except fst.SafetensorError as e:
+            dt = time.perf_counter() - t0
+            say(f"OK: failed in {dt:.2f} s{note}: {e}")
+            return dt
+        say("FAIL: the load succeeded")
+        sys.exit(1)
+
     if mode == "check":
         stats = {}
         got = fst.load_sharded(path, comm, dims, stats=stats)
@@ -86,26 +98,14 @@ def main():
     elif mode == "fail":
         if rank == 1:
             fst._fst.fault_set("read:1")  # this rank's first tensor read fails
-        t0 = time.perf_counter()
-        try:
-            fst.load_sharded(ck, comm, dims)
-            say("FAIL: the load succeeded")
-            sys.exit(1)
-        except fst.SafetensorError as e:
-            say(f"OK: failed in {time.perf_counter() - t0:.2f} s: {e}")
+        expect_failure()
     elif mode == "nccl":
         # The real NCCL call of the final agreement fails on rank 1 (an
         # injected fault at the nccl site): both ranks fail, then both load
         # again over a new communicator, with the right bytes.
         if rank == 1:
             fst._fst.fault_set("nccl:1")
-        t0 = time.perf_counter()
-        try:
-            fst.load_sharded(ck, comm, dims)
-            say("FAIL: the load succeeded")
-            sys.exit(1)
-        except fst.SafetensorError as e:
-            say(f"OK: failed in {time.perf_counter() - t0:.2f} s: {e}")
+        expect_failure()
         fst._fst.fault_set(None)
         dist.barrier()
         comm2 = fst.Comm(device=rank, timeout_ms=timeout_ms)
@@ -119,15 +119,8 @@ def main():
         if rank == 1:
             say("leaving without loading")
             os._exit(0)
-        t0 = time.perf_counter()
-        try:
-            fst.load_sharded(ck, comm, dims)
-            say("FAIL: the load succeeded")
-            sys.exit(1)
-        except fst.SafetensorError as e:
-            dt = time.perf_counter() - t0
-            say(f"OK: failed in {dt:.2f} s (timeout {timeout_ms} ms): {e}")
-            assert dt < timeout_ms / 1000 + 15
+        dt = expect_failure(f" (timeout {timeout_ms} ms)")
+        assert dt < timeout_ms / 1000 + 15
         os._exit(0)
     elif mode == "bench":
         files = ck.files()
