@@ -534,6 +534,31 @@ static inline void lh_assert_has(const char *msg, const char *sub)
 		fail_msg("message \"%s\" lacks \"%s\"", msg, sub);
 }
 
+/* After a load whose on_landed l failed (fail_at, fail_rc), with o's
+ * callback set to it: the load returned want with no buffer, its message
+ * names the failing call's tensor and on_landed, and what was reported
+ * before broke no rule. Frees l and clears o's callback. */
+static inline void lh_landed_check_failed(lh_landed *l, fst_load_opts *o, int rc, int want,
+					  const fst_error *err, const fst_buffer *buf,
+					  const char *ctx)
+{
+	if (rc != want)
+		fail_msg("%s: %d (%s), expected %d", ctx, rc, err->message, want);
+	assert_int_equal(err->code, want);
+	assert_null(buf);
+	if (l->failed_tensor >= l->n)
+		fail_msg("%s: the failing call was never made", ctx);
+	char needle[96];
+	snprintf(needle, sizeof needle, "tensor \"%s\"", l->names[l->failed_tensor]);
+	lh_assert_has(err->message, needle);
+	lh_assert_has(err->message, "on_landed");
+	if (l->problem[0])
+		fail_msg("%s: %s", ctx, l->problem);
+	lh_landed_free(l);
+	o->on_landed = NULL;
+	o->on_landed_ctx = NULL;
+}
+
 /*
  * A regression of a bug these tests found and that has been fixed: always
  * a failure, named so the history (docs/testing.md) can be found.

@@ -69,12 +69,6 @@ static void assert_clean(const char *when, long host_base)
 		fail_msg("%s: %ld libfst host allocations live, %ld before", when, a, host_base);
 }
 
-static void assert_has(const char *msg, const char *sub)
-{
-	if (!strstr(msg, sub))
-		fail_msg("message \"%s\" lacks \"%s\"", msg, sub);
-}
-
 /* ---- random checkpoints */
 
 static uint64_t mix(uint64_t x)
@@ -526,7 +520,7 @@ static void test_load_matrix(void **state)
 						fail_msg("%s %s %u threads %" PRIu64 " MiB: %s", device,
 							 io_name(ios[k]), th, staging[s] >> 20,
 							 err.message);
-					assert_has(fst_buffer_describe(buf), "pinned staging");
+					lh_assert_has(fst_buffer_describe(buf), "pinned staging");
 					assert_true(fst_buffer_size(buf) >=
 						    fst_checkpoint_total_bytes(c.ck));
 					assert_int_equal(fst_buffer_tensor_bytes(buf),
@@ -715,10 +709,10 @@ static void test_device_out_of_range(void **state)
 	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EUSAGE);
 	assert_null(buf);
 	assert_int_equal(err.code, FST_EUSAGE);
-	assert_has(err.message, "device 5 out of range (2 devices)");
+	lh_assert_has(err.message, "device 5 out of range (2 devices)");
 	char text[256];
 	assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), FST_EUSAGE);
-	assert_has(err.message, "device 5 out of range (2 devices)");
+	lh_assert_has(err.message, "device 5 out of range (2 devices)");
 	fst_loader *ld = NULL;
 	assert_int_equal(fst_load_start(c.ck, &o, &ld, &err), FST_EUSAGE);
 	assert_null(ld);
@@ -726,7 +720,7 @@ static void test_device_out_of_range(void **state)
 	setenv("FST_DOUBLE_DEVICES", "1", 1);
 	o.device = "cuda:1";
 	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EUSAGE);
-	assert_has(err.message, "device 1 out of range (1 device)");
+	lh_assert_has(err.message, "device 1 out of range (1 device)");
 	unsetenv("FST_DOUBLE_DEVICES");
 	o.device = "cuda:x";
 	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EUSAGE);
@@ -788,9 +782,9 @@ static void test_device_out_of_memory(void **state)
 		assert_null(buf);
 		assert_int_equal(err.code, FST_EDEVICE);
 		assert_int_equal(err.backend_code, 2); /* CUDA_ERROR_OUT_OF_MEMORY */
-		assert_has(err.message, "cuda:1");
-		assert_has(err.message, bytes);
-		assert_has(err.message, "out of memory");
+		lh_assert_has(err.message, "cuda:1");
+		lh_assert_has(err.message, bytes);
+		lh_assert_has(err.message, "out of memory");
 		assert_clean("after running out of device memory", c.host_base);
 		fst_loader *ld = NULL;
 		assert_int_equal(fst_load_start(c.ck, &o, &ld, &err), FST_EDEVICE);
@@ -899,7 +893,7 @@ static void run_faults(bool stream)
 	cuda_opts(&o, "cuda:0", FST_IO_PREAD, 4, 1 * MiB);
 	fst_buffer *buf = NULL;
 	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EDEVICE);
-	assert_has(err.message, "cuda:0");
+	lh_assert_has(err.message, "cuda:0");
 	assert_null(buf);
 	fst_fault_set(NULL, NULL);
 	assert_clean("after h2d:1+", c.host_base);
@@ -1146,7 +1140,7 @@ static void test_driver_queries(void **state)
 	}
 	fst_cuda_device info;
 	assert_int_equal(fst_cuda_device_info(2, &info, &err), FST_EUSAGE);
-	assert_has(err.message, "device 2 out of range (2 devices)");
+	lh_assert_has(err.message, "device 2 out of range (2 devices)");
 	assert_int_equal(fst_cuda_device_info(0, NULL, &err), FST_EUSAGE);
 
 	set_delay("20");
@@ -1175,14 +1169,14 @@ static void test_explain(void **state)
 	fst_load_opts o;
 	cuda_opts(&o, "cuda:1", FST_IO_PREAD, 2, 1 * MiB);
 	assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), 0);
-	assert_has(text, "pread");
-	assert_has(text, "pinned staging");
-	assert_has(text, "2 threads");
+	lh_assert_has(text, "pread");
+	lh_assert_has(text, "pinned staging");
+	lh_assert_has(text, "2 threads");
 	if (uring_ok) {
 		o.io = FST_IO_URING;
 		assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), 0);
-		assert_has(text, "uring");
-		assert_has(text, "pinned staging");
+		lh_assert_has(text, "uring");
+		lh_assert_has(text, "pinned staging");
 	}
 	o.device = "cpu";
 	o.io = FST_IO_PREAD;
@@ -1363,21 +1357,7 @@ static void landed_fail(const ckpt *c, fst_load_opts *o, unsigned long at, int c
 			fail_msg("%s: next gave %d (%s)", ctx, rc, err.message);
 		rc = fst_loader_finish(ld, &buf, &err);
 	}
-	if (rc != want)
-		fail_msg("%s: %d (%s), expected %d", ctx, rc, err.message, want);
-	assert_int_equal(err.code, want);
-	assert_null(buf);
-	if (l.failed_tensor >= l.n)
-		fail_msg("%s: the failing call was never made", ctx);
-	char needle[96];
-	snprintf(needle, sizeof needle, "tensor \"%s\"", l.names[l.failed_tensor]);
-	assert_has(err.message, needle);
-	assert_has(err.message, "on_landed");
-	if (l.problem[0])
-		fail_msg("%s: %s", ctx, l.problem);
-	lh_landed_free(&l);
-	o->on_landed = NULL;
-	o->on_landed_ctx = NULL;
+	lh_landed_check_failed(&l, o, rc, want, &err, buf, ctx);
 	assert_clean(ctx, c->host_base);
 }
 

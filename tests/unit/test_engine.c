@@ -1394,22 +1394,7 @@ static void landed_fail(const fst_checkpoint *ck, const lh_files *fs, fst_load_o
 			fail_msg("%s: next gave %d (%s), expected %d", ctx, rc, err.message, want);
 		rc = fst_loader_finish(ld, &buf, &err);
 	}
-	if (rc != want)
-		fail_msg("%s: %d (%s), expected %d", ctx, rc, err.message, want);
-	assert_int_equal(err.code, want);
-	assert_null(buf);
-	if (l.failed_tensor >= l.n)
-		fail_msg("%s: the failing call was never made", ctx);
-	char needle[64];
-	snprintf(needle, sizeof needle, "tensor \"%s\"", l.names[l.failed_tensor]);
-	lh_assert_has(err.message, needle);
-	lh_assert_has(err.message, "on_landed");
-	/* what was reported before the failure broke no rule */
-	if (l.problem[0])
-		fail_msg("%s: %s", ctx, l.problem);
-	lh_landed_free(&l);
-	o->on_landed = NULL;
-	o->on_landed_ctx = NULL;
+	lh_landed_check_failed(&l, o, rc, want, &err, buf, ctx);
 	assert_int_equal(fsti_live_allocations(), allocs);
 	assert_int_equal(lh_count_fds(), fds);
 }
