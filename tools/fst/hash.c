@@ -274,9 +274,10 @@ static void set_error(struct checker *k, int rc, const fst_error *e)
 
 /* Gather piece [off, off + len) of block b (of blen bytes); returns the
  * block's bytes when this piece completed it (the caller frees them), NULL
- * otherwise. *nomem is set when no buffer could be had. */
+ * otherwise, and when no buffer could be had (the block is then hashed
+ * after the load instead). */
 static unsigned char *gather(struct checker *k, uint64_t b, uint64_t blen, uint64_t off,
-			     const void *bytes, uint64_t len, bool *nomem)
+			     const void *bytes, uint64_t len)
 {
 	pthread_mutex_lock(&k->lock);
 	struct partial *p = k->partials;
@@ -293,10 +294,8 @@ static unsigned char *gather(struct checker *k, uint64_t b, uint64_t blen, uint6
 		}
 	}
 	pthread_mutex_unlock(&k->lock);
-	if (!p) {
-		*nomem = true;
+	if (!p)
 		return NULL;
-	}
 	memcpy(p->bytes + off, bytes, len);
 	if (atomic_fetch_add(&p->filled, len) + len != blen)
 		return NULL;
@@ -323,15 +322,12 @@ static int on_landed(void *ctx, size_t t, uint64_t off, const void *bytes, uint6
 		k->have[b] = 1;
 		return 0;
 	}
-	bool nomem = false;
-	unsigned char *whole = gather(k, b, blen, off % k->block, bytes, len, &nomem);
+	unsigned char *whole = gather(k, b, blen, off % k->block, bytes, len);
 	if (whole) {
 		k->x->hash128(whole, (size_t)blen, 0, k->digest[b]);
 		k->have[b] = 1;
 		free(whole);
 	}
-	/* without memory the block is hashed after the load instead */
-	(void)nomem;
 	return 0;
 }
 
