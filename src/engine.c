@@ -423,26 +423,16 @@ static int check_opts(const fst_load_opts *in, fst_load_opts *o, fst_error *err)
 	return 0;
 }
 
-/* The files must be the ones that were opened: same identity and size. */
+/* The files must be the ones that were opened, unchanged. */
 static int check_files_unchanged(const fst_checkpoint *ck, const char *when, fst_error *err)
 {
 	for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++) {
 		const fst_file *f = fst_checkpoint_file(ck, i);
-		if (f->fd < 0)
-			continue;
-		struct stat st;
-		if (fstat(f->fd, &st))
-			return fsti_err_sys(err, FST_EIO, errno, "%s: cannot stat", f->path);
-		uint64_t mtime = (uint64_t)st.st_mtim.tv_sec * 1000000000ull +
-				 (uint64_t)st.st_mtim.tv_nsec;
-		if ((uint64_t)st.st_size != f->size || mtime != f->mtime_ns)
-			return fsti_err(err, FST_ECHANGED,
-					"%s: file changed %s (size %" PRIu64 " -> %" PRIu64
-					", modification time %s); its bytes cannot be trusted",
-					f->path, when, f->size, (uint64_t)st.st_size,
-					mtime != f->mtime_ns ? "changed" : "unchanged");
+		int rc = fsti_file_check_unchanged(f, when, err);
+		if (rc)
+			return rc;
 		struct stat now;
-		if (stat(f->path, &now) == 0 &&
+		if (f->fd >= 0 && stat(f->path, &now) == 0 &&
 		    ((uint64_t)now.st_ino != f->ino || (uint64_t)now.st_dev != f->dev))
 			fsti_log(FST_LOG_WARN,
 				 "%s: the path now names another file (replaced %s); the "
@@ -864,7 +854,24 @@ int fst_loader_next(fst_loader *ld, fst_tensor_view *view, fst_error *err)
 		if (err)
 			*err = e->first_error;
 	} else if (e->nhanded < e->nready) {
-		size_t i = e->ready[e->nhanded++];
+		/* A tensor leaves only while its file is still the one opened:
+		 * its bytes were all read before this check, so a write that
+		 * comes after it cannot be in them. mmap views show the file as
+		 * it is now and cannot be vouched for (docs/api.md). */
+		size_t i = e->ready[e->nhanded];
+		const fst_file *f = fst_checkpoint_file(e->ck, e->plan.t[i].file);
+		fst_error cerr;
+		if (e->opts.io != FST_IO_MMAP &&
+		    (rc = fsti_file_check_unchanged(f, "during the load", &cerr))) {
+			e->error = rc;
+			e->first_error = cerr;
+			if (err)
+				*err = cerr;
+			pthread_mutex_unlock(&e->lock);
+			atomic_store(&e->stop, 1);
+			return rc;
+		}
+		e->nhanded++;
 		fst_buffer_tensor(e->buf, i, view);
 		rc = 1;
 	} else if (all_handed(e)) {

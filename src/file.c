@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static void file_free(fst_file *f)
@@ -95,10 +96,63 @@ static int64_t pread_full(int fd, void *buf, size_t len, uint64_t off)
 	return (int64_t)done;
 }
 
+static uint64_t timespec_ns(const struct timespec *t)
+{
+	return (uint64_t)t->tv_sec * 1000000000ull + (uint64_t)t->tv_nsec;
+}
+
+int fsti_file_check_unchanged(const fst_file *f, const char *when, fst_error *err)
+{
+	if (f->fd < 0)
+		return 0;
+	struct stat st;
+	if (fstat(f->fd, &st))
+		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot stat", f->path);
+	uint64_t mtime = timespec_ns(&st.st_mtim), ctime = timespec_ns(&st.st_ctim);
+	/* Renaming another file over the path, or removing it, moves the
+	 * status change time through the link count alone: the opened file
+	 * keeps its bytes, and is still what is read. */
+	bool relinked = (uint64_t)st.st_nlink != f->nlink;
+	if ((uint64_t)st.st_size == f->size && mtime == f->mtime_ns &&
+	    (ctime == f->ctime_ns || relinked))
+		return 0;
+	const char *what = (uint64_t)st.st_size != f->size ? "its size"
+			   : mtime != f->mtime_ns	 ? "its modification time"
+						 : "its status change time (written in place, "
+						   "modification time restored?)";
+	return fsti_err(err, FST_ECHANGED,
+			"%s: file changed %s (%s moved; size %" PRIu64 " -> %" PRIu64
+			"); its bytes cannot be trusted",
+			f->path, when, what, f->size, (uint64_t)st.st_size);
+}
+
+/*
+ * fstat, once the clock that stamps file changes has moved past the file's
+ * last change. Before Linux 6.13 (and on file systems without fine-grained
+ * stamps) that clock ticks every 1-10 ms, and a write within the tick of the
+ * previous change leaves the status change time as it was: an identity
+ * taken in that tick could miss a later overwrite. Only just-written files
+ * wait, at most a few ticks (a clock skewed into the future is not waited
+ * for).
+ */
+static int stat_settled(int fd, struct stat *st)
+{
+	for (int tries = 0;; tries++) {
+		if (fstat(fd, st))
+			return -1;
+		struct timespec now;
+		if (tries == 20 || clock_gettime(CLOCK_REALTIME_COARSE, &now) ||
+		    timespec_ns(&now) > timespec_ns(&st->st_ctim))
+			return 0;
+		struct timespec ms = {0, 1000000};
+		nanosleep(&ms, NULL);
+	}
+}
+
 static int open_from_fd(fst_file *f, fst_error *err)
 {
 	struct stat st;
-	if (fstat(f->fd, &st))
+	if (stat_settled(f->fd, &st))
 		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot stat", f->path);
 	if (S_ISDIR(st.st_mode))
 		return fsti_err(err, FST_EUSAGE, "%s: is a directory, not a safetensors file",
@@ -111,7 +165,9 @@ static int open_from_fd(fst_file *f, fst_error *err)
 	f->size = (uint64_t)st.st_size;
 	f->dev = (uint64_t)st.st_dev;
 	f->ino = (uint64_t)st.st_ino;
-	f->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+	f->mtime_ns = timespec_ns(&st.st_mtim);
+	f->ctime_ns = timespec_ns(&st.st_ctim);
+	f->nlink = (uint64_t)st.st_nlink;
 
 	unsigned char prefix[8] = {0};
 	int64_t got = pread_full(f->fd, prefix, 8, 0);

@@ -100,8 +100,10 @@ struct fst_file {
 	const uint8_t *mem;   /* memory files only */
 	uint64_t size;        /* whole file */
 	uint64_t data_offset; /* 8 + header length */
-	/* identity, to detect a file replaced or changed during a load */
-	uint64_t dev, ino, mtime_ns;
+	/* identity, to detect a file replaced or changed during a load: the
+	 * status change time moves on every write, even one that puts the
+	 * modification time back (rsync --inplace -t, touch -d) */
+	uint64_t dev, ino, mtime_ns, ctime_ns, nlink;
 	size_t ntensors;
 	struct fsti_tensor *tensors; /* sorted by (begin, end) */
 	size_t nmeta;
@@ -119,6 +121,11 @@ int fsti_parse_header(fst_file *f, const char *name, const char *header, size_t 
 		      uint64_t data_len, fst_error *err);
 
 void fsti_tensor_info(const fst_file *f, size_t i, fst_tensor_info *out);
+
+/* FST_ECHANGED (naming the file, when, and what moved) unless f's descriptor
+ * still shows the size, modification and status change times it had when
+ * it was opened; memory images always pass (file.c). */
+int fsti_file_check_unchanged(const fst_file *f, const char *when, fst_error *err);
 /* fsti_name_of over an fst_file's tensors (ctx is the file). */
 const char *fsti_tensor_name_of(const void *ctx, size_t i);
 
