@@ -145,6 +145,148 @@ static bool shard_name_ok(const char *s)
 	return true;
 }
 
+/* A shard name "PREFIX-K-of-N.safetensors" (K and N decimal, as
+ * transformers and fst gen name shards), cut into its parts. */
+struct shard_number {
+	const char *name;
+	size_t prefix_len;   /* PREFIX, without the '-' before K */
+	const char *of;      /* "N.safetensors" */
+	int kdigits;         /* K's width, for naming missing shards */
+	unsigned long long k, n;
+};
+
+static bool parse_shard_number(const char *name, struct shard_number *out)
+{
+	static const char suffix[] = ".safetensors";
+	size_t len = strlen(name), slen = sizeof suffix - 1;
+	if (len <= slen || strcmp(name + len - slen, suffix))
+		return false;
+	const char *end = name + len - slen, *p = end;
+	while (p > name && p[-1] >= '0' && p[-1] <= '9')
+		p--;
+	if (p == end || end - p > 18 || p - name < 4 || strncmp(p - 4, "-of-", 4))
+		return false;
+	const char *nstart = p;
+	p -= 4;
+	const char *kend = p;
+	while (p > name && p[-1] >= '0' && p[-1] <= '9')
+		p--;
+	if (p == kend || kend - p > 18 || p == name || p[-1] != '-')
+		return false;
+	out->name = name;
+	out->prefix_len = (size_t)(p - 1 - name);
+	out->of = nstart;
+	out->kdigits = (int)(kend - p);
+	out->k = strtoull(p, NULL, 10);
+	out->n = strtoull(nstart, NULL, 10);
+	return true;
+}
+
+/* Same shard set: same prefix and same "-of-N" text. */
+static int cmp_shard_set(const struct shard_number *a, const struct shard_number *b)
+{
+	if (a->prefix_len != b->prefix_len)
+		return a->prefix_len < b->prefix_len ? -1 : 1;
+	int c = memcmp(a->name, b->name, a->prefix_len);
+	return c ? c : strcmp(a->of, b->of);
+}
+
+static int cmp_shard_number(const void *pa, const void *pb)
+{
+	const struct shard_number *a = pa, *b = pb;
+	int c = cmp_shard_set(a, b);
+	return c ? c : a->k < b->k ? -1 : a->k > b->k;
+}
+
+/*
+ * Files named "-K-of-N" say how many belong together: with some missing (an
+ * interrupted copy, download or write) the checkpoint is incomplete and
+ * loading the rest would hand out part of a model as if it were whole.
+ * names are the shard file names (as in the directory or the index); where
+ * names them in messages.
+ */
+static int check_shard_sets(const char *where, char *const *names, size_t n, fst_error *err)
+{
+	struct shard_number *s = fsti_calloc(n + 1, sizeof *s);
+	if (!s)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	size_t m = 0;
+	for (size_t i = 0; i < n; i++)
+		if (parse_shard_number(names[i], &s[m]))
+			m++;
+	qsort(s, m, sizeof *s, cmp_shard_number);
+	int rc = 0;
+	for (size_t g = 0, next; g < m && !rc; g = next) {
+		for (next = g + 1; next < m && !cmp_shard_set(&s[g], &s[next]); next++)
+			;
+		const struct shard_number *a = &s[g];
+		if (a->k == 0 || s[next - 1].k > a->n) {
+			const struct shard_number *bad = a->k == 0 ? a : &s[next - 1];
+			rc = fsti_err(err, FST_EFORMAT,
+				      "%s: shard \"%s\" says it is number %llu of %llu: numbers run "
+				      "from 1 to the count",
+				      where, bad->name, bad->k, bad->n);
+			break;
+		}
+		/* The missing numbers lie in the gaps of the sorted present ones:
+		 * each gap is counted whole, and the first three are named. */
+		char list[600] = "";
+		unsigned long long missing = 0, prev = 0;
+		int named = 0;
+		for (size_t i = g; i <= next; i++) {
+			unsigned long long upto = i < next ? s[i].k : a->n + 1;
+			if (upto > prev + 1)
+				missing += upto - prev - 1;
+			for (unsigned long long k = prev + 1; k < upto && named < 3; k++, named++) {
+				size_t used = strlen(list);
+				snprintf(list + used, sizeof list - used, "%s%.*s-%0*llu-of-%s",
+					 used ? ", " : "", (int)a->prefix_len, a->name, a->kdigits,
+					 k, a->of);
+			}
+			if (i < next)
+				prev = s[i].k;
+		}
+		if (missing)
+			rc = fsti_err(err, FST_EFORMAT,
+				      "%s: incomplete checkpoint: %llu of the %llu \"%.*s-*-of-%s\" "
+				      "shards %s missing: %s%s (an interrupted copy, download or "
+				      "write?)",
+				      where, missing, a->n, (int)a->prefix_len, a->name, a->of,
+				      missing == 1 ? "is" : "are", list, missing > 3 ? ", ..." : "");
+	}
+	fsti_free(s);
+	return rc;
+}
+
+/* Shards beside an index that the index does not name are not loaded: say
+ * so, since a stale or hand-edited index would otherwise drop them unseen. */
+static void report_unlisted_shards(const char *index_path, const char *dir, char *const *listed,
+				   size_t nlisted)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return;
+	size_t extra = 0;
+	char first[256] = "";
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.' || !ends_with(e->d_name, ".safetensors"))
+			continue;
+		const char *name = e->d_name;
+		if (bsearch(&name, listed, nlisted, sizeof *listed, cmp_str))
+			continue;
+		if (!extra++)
+			snprintf(first, sizeof first, "%s", name);
+	}
+	closedir(d);
+	if (extra)
+		fsti_log(FST_LOG_WARN,
+			 "%s: %zu *.safetensors file%s in %s %s not in the index and %s not "
+			 "loaded (first: %s)",
+			 index_path, extra, extra == 1 ? "" : "s", dir, extra == 1 ? "is" : "are",
+			 extra == 1 ? "is" : "are", first);
+}
+
 static int add_file(fst_checkpoint *c, const char *path, size_t cap, fst_error *err)
 {
 	if (!c->files && !(c->files = fsti_calloc(cap, sizeof *c->files)))
@@ -181,6 +323,12 @@ static int open_index(fst_checkpoint *c, const char *index_path, const char *dir
 		goto out;
 	}
 	size_t nmap = json_object_size(map);
+	if (!nmap) {
+		rc = fsti_err(err, FST_EFORMAT,
+			      "%s: \"weight_map\" is empty: the index maps no tensor to a shard",
+			      index_path);
+		goto out;
+	}
 	shards = fsti_calloc(nmap + 1, sizeof *shards);
 	if (!shards) {
 		rc = fsti_err(err, FST_ENOMEM, "out of memory");
@@ -203,6 +351,10 @@ static int open_index(fst_checkpoint *c, const char *index_path, const char *dir
 	for (size_t i = 0; i < nshards; i++)
 		if (!unique || strcmp(shards[unique - 1], shards[i]))
 			shards[unique++] = shards[i];
+	rc = check_shard_sets(index_path, shards, unique, err);
+	if (rc)
+		goto out;
+	report_unlisted_shards(index_path, dir, shards, unique);
 	for (size_t i = 0; i < unique; i++) {
 		char *p = join_path(dir, shards[i]);
 		if (!p) {
@@ -333,6 +485,7 @@ static int open_directory(fst_checkpoint *c, const char *dir, fst_error *err)
 		goto out;
 	}
 	qsort(names, n, sizeof *names, cmp_str);
+	rc = check_shard_sets(dir, names, n, err);
 	for (size_t i = 0; i < n && !rc; i++) {
 		char *p = join_path(dir, names[i]);
 		rc = p ? add_file(c, p, n, err) : fsti_err(err, FST_ENOMEM, "out of memory");

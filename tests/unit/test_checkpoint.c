@@ -2,8 +2,9 @@
  * order), a directory with model.safetensors.index.json and an index path;
  * and every index rule: missing shard, mapped tensor absent from its shard,
  * a tensor in two shards, no shards at all, shard names leaving the
- * directory, malformed index JSON, and unmapped tensors kept with a
- * warning. Shards are written with fst_writer. */
+ * directory, malformed index JSON, an empty weight_map, unmapped tensors
+ * kept and unlisted shards reported with a warning; and "-K-of-N" shard
+ * sets that must be complete, with or without an index. Shards are written with fst_writer. */
 #include "helpers.h"
 
 #include <stdbool.h>
@@ -214,19 +215,6 @@ static void test_index_path(void **state)
 
 /* The index names only the shards it maps; other *.safetensors files in the
  * directory are not part of the checkpoint. */
-static void test_index_ignores_other_files(void **state)
-{
-	(void)state;
-	const char *dir = make_dir("index-extra-file");
-	write_two_shards(dir, true);
-	write_shard(join(dir, "consolidated.safetensors"), (const char *const[]){"a", NULL});
-	fst_checkpoint *c;
-	fst_error err;
-	assert_int_equal(fst_checkpoint_open(dir, &c, &err), 0);
-	check_two_shards(c);
-	fst_checkpoint_close(c);
-}
-
 struct log_capture {
 	int warnings;
 	char last[1024];
@@ -239,6 +227,30 @@ static void capture(void *ctx, int level, const char *message)
 		lc->warnings++;
 		snprintf(lc->last, sizeof lc->last, "%s", message);
 	}
+}
+
+static void test_index_ignores_other_files(void **state)
+{
+	(void)state;
+	const char *dir = make_dir("index-extra-file");
+	write_two_shards(dir, true);
+	write_shard(join(dir, "consolidated.safetensors"), (const char *const[]){"a", NULL});
+	struct log_capture lc = {0};
+	int level = fst_log_get_level();
+	fst_log_set_level(FST_LOG_WARN);
+	fst_log_set_callback(capture, &lc);
+	fst_checkpoint *c;
+	fst_error err;
+	int rc = fst_checkpoint_open(dir, &c, &err);
+	fst_log_set_callback(NULL, NULL);
+	fst_log_set_level(level);
+	assert_int_equal(rc, 0);
+	check_two_shards(c);
+	/* the file the index leaves out is reported, not loaded */
+	assert_int_equal(lc.warnings, 1);
+	assert_has(lc.last, "consolidated.safetensors");
+	assert_has(lc.last, "not in the index");
+	fst_checkpoint_close(c);
 }
 
 static void test_unmapped_tensors_kept(void **state)
@@ -284,6 +296,102 @@ static void test_missing_shard(void **state)
 	assert_has(msg, "\"s2.safetensors\"");
 	assert_has(msg, "\"lm_head.weight\"");
 	assert_has(msg, "missing");
+}
+
+/* A directory holding some of a "-K-of-N" set and no index (an interrupted
+ * copy, download or write) is refused, naming what is missing. */
+static void test_incomplete_shard_set(void **state)
+{
+	(void)state;
+	const char *dir = make_dir("incomplete-set");
+	write_shard(join(dir, "model-00001-of-00004.safetensors"), (const char *const[]){"a", NULL});
+	write_shard(join(dir, "model-00003-of-00004.safetensors"), (const char *const[]){"b", NULL});
+	const char *msg = expect_error(dir, FST_EFORMAT);
+	assert_has(msg, "incomplete checkpoint");
+	assert_has(msg, "2 of the 4");
+	assert_has(msg, "model-00002-of-00004.safetensors");
+	assert_has(msg, "model-00004-of-00004.safetensors");
+	/* whole again: it opens */
+	write_shard(join(dir, "model-00002-of-00004.safetensors"), (const char *const[]){"c", NULL});
+	write_shard(join(dir, "model-00004-of-00004.safetensors"), (const char *const[]){"d", NULL});
+	fst_checkpoint *c;
+	fst_error err;
+	assert_int_equal(fst_checkpoint_open(dir, &c, &err), 0);
+	assert_int_equal(fst_checkpoint_tensor_count(c), 4);
+	fst_checkpoint_close(c);
+}
+
+/* Thousands missing: counted, three named, no time spent on the rest. */
+static void test_incomplete_shard_set_large(void **state)
+{
+	(void)state;
+	const char *dir = make_dir("incomplete-large");
+	write_shard(join(dir, "w-07-of-999999999999.safetensors"), (const char *const[]){"a", NULL});
+	const char *msg = expect_error(dir, FST_EFORMAT);
+	assert_has(msg, "999999999998 of the 999999999999");
+	assert_has(msg, "w-01-of-999999999999.safetensors, w-02-of-999999999999.safetensors, "
+			"w-03-of-999999999999.safetensors, ...");
+}
+
+static void test_shard_number_out_of_range(void **state)
+{
+	(void)state;
+	const char *dir = make_dir("shard-number");
+	write_shard(join(dir, "model-00001-of-00002.safetensors"), (const char *const[]){"a", NULL});
+	write_shard(join(dir, "model-00002-of-00002.safetensors"), (const char *const[]){"b", NULL});
+	write_shard(join(dir, "model-00003-of-00002.safetensors"), (const char *const[]){"c", NULL});
+	const char *msg = expect_error(dir, FST_EFORMAT);
+	assert_has(msg, "model-00003-of-00002.safetensors");
+	assert_has(msg, "number 3 of 2");
+	const char *zero = make_dir("shard-number-zero");
+	write_shard(join(zero, "x-0-of-1.safetensors"), (const char *const[]){"a", NULL});
+	write_shard(join(zero, "x-1-of-1.safetensors"), (const char *const[]){"b", NULL});
+	assert_has(expect_error(zero, FST_EFORMAT), "number 0 of 1");
+}
+
+/* Two complete sets side by side, and names that only look alike, open. */
+static void test_shard_sets_complete(void **state)
+{
+	(void)state;
+	const char *dir = make_dir("shard-sets");
+	write_shard(join(dir, "a-1-of-2.safetensors"), (const char *const[]){"a", NULL});
+	write_shard(join(dir, "a-2-of-2.safetensors"), (const char *const[]){"b", NULL});
+	write_shard(join(dir, "b-00001-of-00001.safetensors"), (const char *const[]){"c", NULL});
+	write_shard(join(dir, "x-of-3.safetensors"), (const char *const[]){"d", NULL});
+	write_shard(join(dir, "1-of-3.safetensors"), (const char *const[]){"e", NULL});
+	fst_checkpoint *c;
+	fst_error err;
+	if (fst_checkpoint_open(dir, &c, &err))
+		fail_msg("%s", err.message);
+	assert_int_equal(fst_checkpoint_tensor_count(c), 5);
+	fst_checkpoint_close(c);
+}
+
+/* An index whose shards say "of 3" but names only two of them. */
+static void test_index_incomplete_shard_set(void **state)
+{
+	(void)state;
+	const char *dir = make_dir("index-incomplete");
+	write_shard(join(dir, "model-00001-of-00003.safetensors"), (const char *const[]){"a", NULL});
+	write_shard(join(dir, "model-00002-of-00003.safetensors"), (const char *const[]){"b", NULL});
+	write_text(join(dir, "model.safetensors.index.json"),
+		   "{\"weight_map\": {\"a\": \"model-00001-of-00003.safetensors\", "
+		   "\"b\": \"model-00002-of-00003.safetensors\"}}");
+	const char *msg = expect_error(dir, FST_EFORMAT);
+	assert_has(msg, "model.safetensors.index.json");
+	assert_has(msg, "model-00003-of-00003.safetensors");
+}
+
+static void test_index_empty_weight_map(void **state)
+{
+	(void)state;
+	const char *dir = make_dir("index-empty");
+	write_two_shards(dir, false);
+	write_text(join(dir, "model.safetensors.index.json"),
+		   "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {}}");
+	const char *msg = expect_error(dir, FST_EFORMAT);
+	assert_has(msg, "model.safetensors.index.json");
+	assert_has(msg, "\"weight_map\" is empty");
 }
 
 static void test_mapped_tensor_not_in_shard(void **state)
@@ -493,6 +601,12 @@ int main(void)
 		cmocka_unit_test(test_index_ignores_other_files),
 		cmocka_unit_test(test_unmapped_tensors_kept),
 		cmocka_unit_test(test_missing_shard),
+		cmocka_unit_test(test_incomplete_shard_set),
+		cmocka_unit_test(test_incomplete_shard_set_large),
+		cmocka_unit_test(test_shard_number_out_of_range),
+		cmocka_unit_test(test_shard_sets_complete),
+		cmocka_unit_test(test_index_incomplete_shard_set),
+		cmocka_unit_test(test_index_empty_weight_map),
 		cmocka_unit_test(test_mapped_tensor_not_in_shard),
 		cmocka_unit_test(test_tensor_in_two_shards),
 		cmocka_unit_test(test_no_shards),
