@@ -12,10 +12,12 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static void help(FILE *out)
 {
@@ -90,8 +92,19 @@ static uint64_t word_at(const struct gtensor *t, uint64_t w)
 	}
 }
 
+/* Set by SIGINT, SIGTERM and SIGHUP: the next fill fails, and everything
+ * this run wrote is removed (the signal's default would leave it). */
+static volatile sig_atomic_t interrupted;
+
+static void on_signal(int sig)
+{
+	interrupted = sig;
+}
+
 static int fill(void *ctx, void *buf, uint64_t off, size_t len)
 {
+	if (interrupted)
+		return FST_ECANCELED;
 	const struct gtensor *t = ctx;
 	unsigned char *p = buf;
 	uint64_t pos = off;
@@ -184,6 +197,56 @@ static int build_model(struct model *m, uint64_t size, bool misaligned, uint64_t
 	return bad;
 }
 
+static void shard_name(char *buf, size_t size, uint64_t s, uint64_t shards)
+{
+	snprintf(buf, size, "model-%05" PRIu64 "-of-%05" PRIu64 ".safetensors", s + 1, shards);
+}
+
+/* Remove what a failed or interrupted run left in its staging directory. */
+static void remove_staged(const char *stage, uint64_t done, uint64_t shards)
+{
+	char path[4200], fname[64];
+	for (uint64_t s = 0; s <= done && s < shards; s++) {
+		shard_name(fname, sizeof fname, s, shards);
+		snprintf(path, sizeof path, "%s/%s", stage, fname);
+		unlink(path);
+		snprintf(path, sizeof path, "%s/%s.tmp", stage, fname);
+		unlink(path);
+	}
+	snprintf(path, sizeof path, "%s/model.safetensors.index.json", stage);
+	unlink(path);
+}
+
+/* Move the staged shards into dir, then the index: an index names only
+ * shards that are already in place. An old index goes first, so a failure
+ * half-way leaves shards without an index, which loads refuse as incomplete
+ * or loads whole, never a stale index over new shards. */
+static int commit(const char *stage, const char *dir, uint64_t shards)
+{
+	char from[4200], to[4200], fname[64];
+	snprintf(to, sizeof to, "%s/model.safetensors.index.json", dir);
+	if (unlink(to) && errno != ENOENT) {
+		cli_error("gen", "%s: cannot replace: %s", to, strerror(errno));
+		return EXIT_IO;
+	}
+	for (uint64_t s = 0; s < shards; s++) {
+		shard_name(fname, sizeof fname, s, shards);
+		snprintf(from, sizeof from, "%s/%s", stage, fname);
+		snprintf(to, sizeof to, "%s/%s", dir, fname);
+		if (rename(from, to)) {
+			cli_error("gen", "%s: cannot move to %s: %s", from, to, strerror(errno));
+			return EXIT_IO;
+		}
+	}
+	snprintf(from, sizeof from, "%s/model.safetensors.index.json", stage);
+	snprintf(to, sizeof to, "%s/model.safetensors.index.json", dir);
+	if (rename(from, to)) {
+		cli_error("gen", "%s: cannot move to %s: %s", from, to, strerror(errno));
+		return EXIT_IO;
+	}
+	return EXIT_OK;
+}
+
 int cmd_gen(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -267,11 +330,31 @@ int cmd_gen(int argc, char **argv)
 	for (size_t i = 0; i < m.n; i++)
 		total += m.t[i].nbytes;
 
+	/*
+	 * Shards are written under a hidden directory inside DIR (loads skip
+	 * names starting with '.') and moved into place only once all of them
+	 * are complete, the index last: an interrupted or failed run leaves
+	 * DIR as it was, never a partial checkpoint that looks whole.
+	 */
+	char stage[4096];
+	snprintf(stage, sizeof stage, "%s/.fst-gen-%ld", dir, (long)getpid());
+	if (mkdir(stage, 0755)) {
+		cli_error("gen", "%s: cannot create directory: %s", stage, strerror(errno));
+		free(m.t);
+		return EXIT_IO;
+	}
+	struct sigaction sa = {0}, old_sa[3];
+	static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+	sa.sa_handler = on_signal;
+	sigemptyset(&sa.sa_mask);
+	for (int k = 0; k < 3; k++)
+		sigaction(sigs[k], &sa, &old_sa[k]);
+
 	double t0 = cli_now();
 	json_t *map = json_object();
-	int rc = EXIT_OK;
+	int rc = map ? EXIT_OK : EXIT_NOMEM;
 	size_t next = 0;
-	uint64_t written = 0;
+	uint64_t written = 0, done_shards = 0;
 	for (uint64_t s = 0; s < shards && rc == EXIT_OK; s++) {
 		/* Shard s takes tensors until the running total nears its share,
 		 * leaving at least one tensor for every later shard. */
@@ -282,10 +365,9 @@ int cmd_gen(int argc, char **argv)
 		} while (next < m.n && (later == 0 || (m.n - next > later &&
 						       written + m.t[next].nbytes / 2 <= target)));
 
-		char fname[64], path[4096];
-		snprintf(fname, sizeof fname, "model-%05" PRIu64 "-of-%05" PRIu64 ".safetensors",
-			 s + 1, shards);
-		snprintf(path, sizeof path, "%s/%s", dir, fname);
+		char fname[64], path[4200];
+		shard_name(fname, sizeof fname, s, shards);
+		snprintf(path, sizeof path, "%s/%s", stage, fname);
 		fst_writer_opts wo;
 		fst_writer_opts_init(&wo);
 		if (misaligned) {
@@ -306,18 +388,22 @@ int cmd_gen(int argc, char **argv)
 						&err)) {
 				cli_error("gen", "%s", err.message);
 				rc = cli_exit_code(err.code);
+			} else if (json_object_set_new(map, t->name, json_string(fname))) {
+				rc = EXIT_NOMEM;
 			}
-			json_object_set_new(map, t->name, json_string(fname));
 		}
 		if (rc == EXIT_OK && fst_writer_finish(w, path, &err)) {
-			cli_error("gen", "%s", err.message);
+			if (!interrupted)
+				cli_error("gen", "%s", err.message);
 			rc = cli_exit_code(err.code);
 		}
 		fst_writer_free(w);
+		if (rc == EXIT_OK)
+			done_shards++;
 	}
 	if (rc == EXIT_OK) {
-		char path[4096];
-		snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+		char path[4200];
+		snprintf(path, sizeof path, "%s/model.safetensors.index.json", stage);
 		json_t *index = json_pack("{s:{s:I}, s:o}", "metadata", "total_size",
 					  (json_int_t)total, "weight_map", json_incref(map));
 		if (!index || json_dump_file(index, path, JSON_INDENT(2) | JSON_SORT_KEYS)) {
@@ -326,6 +412,22 @@ int cmd_gen(int argc, char **argv)
 		}
 		json_decref(index);
 	}
+	/* The commit: no signal may cut it short, so it waits until the end. */
+	sigset_t all, saved;
+	sigfillset(&all);
+	sigprocmask(SIG_BLOCK, &all, &saved);
+	if (rc == EXIT_OK && !interrupted)
+		rc = commit(stage, dir, shards);
+	if (rc != EXIT_OK || interrupted)
+		remove_staged(stage, done_shards, shards);
+	rmdir(stage);
+	if (interrupted && rc != EXIT_NOMEM && rc != EXIT_IO) {
+		cli_error("gen", "interrupted: %s left as it was", dir);
+		rc = EXIT_CANCELED;
+	}
+	for (int k = 0; k < 3; k++)
+		sigaction(sigs[k], &old_sa[k], NULL);
+	sigprocmask(SIG_SETMASK, &saved, NULL);
 	json_decref(map);
 	if (rc == EXIT_OK) {
 		double dt = cli_now() - t0;
