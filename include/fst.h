@@ -429,7 +429,9 @@ FST_API int fst_load(const fst_checkpoint *ckpt, const fst_load_opts *opts, fst_
  * The streaming form. fst_load_start allocates the destination and starts the
  * reader threads; fst_loader_next blocks until another tensor is complete and
  * returns 1 with a view of it, 0 when every tensor has been handed out, or a
- * negative code on failure (the load's first error). fst_loader_finish waits
+ * negative code on failure (the load's first error); a tensor is handed out
+ * only while its file is unchanged since it was opened (else FST_ECHANGED,
+ * from then on). fst_loader_finish waits
  * for the end, hands over the buffer (*out may be NULL to drop it) and
  * frees the loader, whatever it returns: do not call fst_loader_free after.
  * ckpt must stay open until fst_loader_finish or fst_loader_free returns
