@@ -1,0 +1,303 @@
+"""vLLM plugin: `vllm serve MODEL --load-format fst`.
+
+vLLM calls `register()` in every process through the `vllm.general_plugins`
+entry point that the fst package declares. It registers load format "fst"
+with vLLM's own `register_model_loader`: a subclass of vLLM's
+DefaultModelLoader that keeps vLLM's file discovery and filters and replaces
+only the weights iterator.
+
+- One process: fst's streaming iterator onto the worker's device, shard
+  after shard in vLLM's (natural) order, each tensor as soon as it is ready.
+- Several ranks (tensor or pipeline parallelism): every rank needs every full
+  tensor (vLLM's weight loaders cut their slice), but each file is read from
+  storage by one rank only; the others receive its tensors by broadcast over
+  vLLM's world group, as vLLM's fastsafetensors path does.
+- `local_expert_ids` (expert-parallel filtering): expert weights of other
+  ranks are not read at all (fst's name filter).
+- `model_loader_extra_config` takes fst's options: threads, staging_bytes,
+  chunk_bytes, io ("auto", "pread", "uring"), gds ("auto", "on", "off").
+
+Written against vLLM 0.33's loader API (docs/engines.md).
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+WRITTEN_FOR = "0.33"
+LOAD_FORMAT = "fst"
+
+# model_loader_extra_config keys taken by fst, with their checks.
+_INT_OPTIONS = ("threads", "staging_bytes", "chunk_bytes")
+_CHOICES = {"io": ("auto", "pread", "uring"), "gds": ("auto", "on", "off")}
+
+
+class VllmPluginError(RuntimeError):
+    """vLLM is missing, or its loader API is not the one this plugin knows."""
+
+
+def _vllm_version() -> str:
+    try:
+        import vllm
+        return getattr(vllm, "__version__", "unknown")
+    except Exception:  # pragma: no cover - reported by the caller
+        return "unknown"
+
+
+def _import_vllm():
+    """vLLM's loader classes, or an error naming the version and what is
+    missing."""
+    try:
+        from vllm.model_executor.model_loader import register_model_loader
+        from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+        from vllm.model_executor.model_loader import weight_utils
+    except ImportError as e:
+        raise VllmPluginError(
+            f"fst's vLLM plugin needs vllm (written for vLLM {WRITTEN_FOR}): {e}") from e
+    missing = [n for n in ("_prepare_weights", "Source", "get_all_weights")
+               if not hasattr(DefaultModelLoader, n)]
+    missing += [f"weight_utils.{n}" for n in ("enable_tqdm",)
+                if not hasattr(weight_utils, n)]
+    if missing:
+        raise VllmPluginError(
+            f"vLLM {_vllm_version()}: its model loader API differs from vLLM {WRITTEN_FOR}'s, "
+            f"which fst's plugin was written for (missing: {', '.join(missing)})")
+    return register_model_loader, DefaultModelLoader, weight_utils
+
+
+def parse_options(extra: dict) -> Tuple[dict, dict]:
+    """Split model_loader_extra_config into (fst options, the rest for
+    vLLM), checking fst's: a bad value fails before anything is read."""
+    mine, rest = {}, {}
+    for k, v in (extra or {}).items():
+        if k in _INT_OPTIONS:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"model_loader_extra_config[{k!r}]={v!r}: expected an integer "
+                                 ">= 0 (0: fst's default)")
+            mine[k] = v
+        elif k in _CHOICES:
+            if v not in _CHOICES[k]:
+                raise ValueError(f"model_loader_extra_config[{k!r}]={v!r}: expected one of "
+                                 f"{list(_CHOICES[k])}")
+            mine[k] = v
+        else:
+            rest[k] = v
+    return mine, rest
+
+
+def _natural_key(path: str) -> list:
+    return [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", os.path.basename(path))]
+
+
+def _device():
+    import torch
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}"
+    return "cpu"
+
+
+def _world():
+    """(rank, size, group for CPU tensors, group for device tensors): vLLM's
+    world group when it exists, else torch.distributed's default group, else
+    a single process."""
+    import torch.distributed as dist
+    try:
+        from vllm.distributed import get_world_group
+        g = get_world_group()
+        return g.rank_in_group, g.world_size, g.cpu_group, g.device_group
+    except (ImportError, AssertionError):
+        pass
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), None, None
+    return 0, 1, None, None
+
+
+def fst_weights_iterator(files: Sequence[str], use_tqdm_on_load: bool,
+                         local_expert_ids: Optional[Set[int]] = None,
+                         options: Optional[dict] = None,
+                         ) -> Iterator[Tuple[str, "object"]]:
+    """(name, torch tensor) for every tensor of files, in natural shard
+    order, on this worker's device; with several ranks, each file is read
+    by one rank and broadcast."""
+    import fst
+    from vllm.model_executor.model_loader import weight_utils
+    from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
+
+    files = sorted(files, key=_natural_key)
+    options = dict(options or {})
+    cks = [fst.Checkpoint(f) for f in files]
+    wanted: List[Optional[List[str]]] = []
+    for ck in cks:
+        names = ck.keys()
+        wanted.append(None if local_expert_ids is None else
+                      [n for n in names if not should_skip_weight(n, local_expert_ids)])
+    rank, world, cpu_group, device_group = _world()
+    device = _device()
+    total = sum(sum(ck.info(n)[2] for n in (w if w is not None else ck.keys()))
+                for ck, w in zip(cks, wanted))
+    bar = None
+    if weight_utils.enable_tqdm(use_tqdm_on_load):
+        from tqdm.auto import tqdm
+        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                   desc="Loading safetensors with fst", mininterval=1.0)
+    try:
+        if world == 1:
+            for ck, names in zip(cks, wanted):
+                for name, t in fst.iter_tensors(ck.path, device=device, names=names,
+                                                **options):
+                    if bar is not None:
+                        bar.update(t.numel() * t.element_size())
+                    yield name, t
+            return
+        group = device_group if device.startswith("cuda") else cpu_group
+        for name, t in _broadcast_files(cks, wanted, rank, world, device, group, options):
+            if bar is not None:
+                bar.update(t.numel() * t.element_size())
+            yield name, t
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _broadcast_files(cks, wanted, rank: int, world: int, device: str, group, options: dict):
+    """Files in rounds of `world`: in a round, rank k reads file
+    round * world + k (all ranks read at once), then each file's tensors are
+    broadcast from its reader, in header order, which every rank knows
+    without reading any data."""
+    import torch
+    import torch.distributed as dist
+    import fst
+
+    for start in range(0, len(cks), world):
+        batch = list(range(start, min(start + world, len(cks))))
+        mine: Dict[str, object] = {}
+        if rank < len(batch):
+            i = batch[rank]
+            mine = fst.load(cks[i], device, names=wanted[i], **options)
+        for owner, i in enumerate(batch):
+            ck = cks[i]
+            names = wanted[i] if wanted[i] is not None else ck.keys()
+            src = dist.get_global_rank(group, owner) if group is not None else owner
+            for name in names:
+                dtype, shape, nbytes = ck.info(name)
+                if owner == rank:
+                    t = mine.pop(name)
+                    flat = t.reshape(-1).view(torch.uint8) if nbytes else None
+                else:
+                    t = None
+                    flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
+                if nbytes:
+                    # bytes, not typed values: every dtype (float8, float4)
+                    # travels, whatever the backend supports
+                    dist.broadcast(flat, src=src, group=group)
+                if t is None:
+                    t = _typed(flat, dtype, shape, device)
+                yield name, t
+        mine.clear()
+
+
+def _typed(flat, dtype: str, shape, device: str):
+    """A received byte buffer as the tensor fst would have handed out."""
+    import torch
+    import fst
+    if flat is None or not flat.numel():
+        # an empty tensor still has its dtype and shape
+        view = fst._torch_dtypes().get(dtype) or _TORCH_PLAIN.get(dtype, torch.uint8)
+        return torch.empty(tuple(shape), dtype=view, device=device)
+    view = fst._torch_dtypes().get(dtype) or _TORCH_PLAIN.get(dtype)
+    if view is None:  # F4 and F6 come as bytes, last dimension in bytes (docs/python.md)
+        return flat.reshape(tuple(shape[:-1]) + (-1,)) if shape else flat
+    return flat.view(view).reshape(tuple(shape))
+
+
+_TORCH_PLAIN = {}
+
+
+def _fill_plain():
+    import torch
+    _TORCH_PLAIN.update({
+        "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
+        "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32, "F32": torch.float32,
+        "I64": torch.int64, "F64": torch.float64, "C64": torch.complex64,
+    })
+
+
+def make_loader_class():
+    """The loader class for load format "fst", built on this process's
+    vLLM."""
+    _, DefaultModelLoader, _ = _import_vllm()
+    _fill_plain()
+
+    class FstModelLoader(DefaultModelLoader):
+        """vLLM's DefaultModelLoader with fst's weights iterator."""
+
+        def __init__(self, load_config):
+            self.fst_options, rest = parse_options(load_config.model_loader_extra_config)
+            # DefaultModelLoader refuses keys it does not know: it sees only
+            # the others, and the config is left as the user gave it.
+            saved = load_config.model_loader_extra_config
+            load_config.model_loader_extra_config = rest
+            try:
+                super().__init__(load_config)
+            finally:
+                load_config.model_loader_extra_config = saved
+
+        def _prepare_weights(self, *args, **kwargs):
+            # vLLM finds and filters safetensors files by load format: fst
+            # reads exactly what "safetensors" would.
+            saved = self.load_config.load_format
+            self.load_config.load_format = "safetensors"
+            try:
+                return super()._prepare_weights(*args, **kwargs)
+            finally:
+                self.load_config.load_format = saved
+
+        def _get_weights_iterator(self, source):
+            from vllm.model_executor.model_loader import weight_utils
+            hf_folder, files, use_safetensors, index_file = self._prepare_weights(
+                source.model_or_path, source.subfolder, source.revision,
+                source.fall_back_to_pt, source.allow_patterns_overrides)
+            if not use_safetensors:
+                raise VllmPluginError(
+                    f"load format 'fst' reads safetensors checkpoints; "
+                    f"{source.model_or_path} has none")
+            prefixes = getattr(self, "_encoder_only_lm_prefixes", None)
+            if prefixes is not None and files:
+                files = weight_utils.filter_mm_encoder_only_safetensors_files(
+                    files, hf_folder, index_file, prefixes,
+                    weights_mapper=getattr(self, "_encoder_only_weights_mapper", None))
+            if source.is_unused_weight is not None:
+                files = weight_utils.filter_safetensors_files_by_weight_name(
+                    files, source.is_unused_weight)
+            it = fst_weights_iterator(files, self.load_config.use_tqdm_on_load,
+                                      local_expert_ids=self.local_expert_ids,
+                                      options=self.fst_options)
+            if self.counter_before_loading_weights == 0.0:
+                import time
+                self.counter_before_loading_weights = time.perf_counter()
+            return ((source.prefix + name, t) for name, t in it)
+
+    FstModelLoader.__module__ = __name__
+    FstModelLoader.__qualname__ = "FstModelLoader"
+    return FstModelLoader
+
+
+_registered = None
+
+
+def register():
+    """The vllm.general_plugins entry point: register load format "fst".
+    vLLM may call it several times in one process; it registers once."""
+    global _registered
+    if _registered is not None:
+        return _registered
+    register_model_loader, _, _ = _import_vllm()
+    major_minor = ".".join(_vllm_version().split(".")[:2])
+    if major_minor != WRITTEN_FOR:
+        import logging
+        logging.getLogger("fst").warning(
+            "fst's vLLM plugin was written for vLLM %s; this is vLLM %s", WRITTEN_FOR,
+            _vllm_version())
+    _registered = register_model_loader(LOAD_FORMAT)(make_loader_class())
+    return _registered

@@ -1,0 +1,263 @@
+"""fst's vLLM plugin through vLLM's own classes: the entry point vLLM's
+plugin loader finds, vLLM's register_model_loader and get_model_loader, its
+DefaultModelLoader file discovery, its load_weights (with weight tracking),
+its argument parser, and its distributed world group (two ranks on gloo)."""
+import importlib.metadata
+import os
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+vllm = pytest.importorskip("vllm")
+
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+import fst  # noqa: E402
+from fst.integrations import vllm as plugin  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _loader(extra=None):
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    return get_model_loader(LoadConfig(load_format="fst",
+                                       model_loader_extra_config=dict(extra or {})))
+
+
+def _iterate(ld, path):
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+    return list(ld._get_weights_iterator(DefaultModelLoader.Source(str(path), None)))
+
+
+def _reference(path):
+    ref = {}
+    for f in sorted(os.listdir(path)):
+        if f.endswith(".safetensors"):
+            ref.update(load_file(os.path.join(path, f)))
+    return ref
+
+
+def _assert_same(got, ref):
+    assert sorted(got) == sorted(ref)
+    for k, v in ref.items():
+        g = got[k]
+        assert g.dtype == v.dtype and tuple(g.shape) == tuple(v.shape), k
+        assert g.cpu().reshape(-1).view(torch.uint8).tolist() == \
+            v.reshape(-1).view(torch.uint8).tolist(), k
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    """Ten shards named model-K-of-10 (so natural order differs from name
+    order: 2 comes before 10), mixed dtypes, odd sizes."""
+    d = tmp_path / "model"
+    d.mkdir()
+    g = torch.Generator().manual_seed(0)
+    for k in range(1, 11):
+        save_file({
+            f"model.layers.{k}.w": torch.randn(33, 7, generator=g).to(torch.bfloat16),
+            f"model.layers.{k}.scale": torch.randint(0, 255, (5,), dtype=torch.uint8,
+                                                     generator=g),
+            f"model.layers.{k}.f8": torch.randn(3, 4, generator=g).to(torch.float8_e4m3fn),
+            f"model.layers.{k}.n": torch.tensor(k, dtype=torch.int64),
+            f"model.layers.{k}.empty": torch.zeros(0, 3),
+            f"model.layers.{k}.mask": torch.tensor([True, False, True]),
+        }, str(d / f"model-{k}-of-10.safetensors"))
+    return d
+
+
+def test_entry_point_is_declared():
+    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
+    mine = [e for e in eps if e.name == "fst"]
+    assert mine and mine[0].value == "fst.integrations.vllm:register"
+
+
+def test_vllm_plugin_loader_registers_fst():
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+    ld = _loader()
+    assert isinstance(ld, DefaultModelLoader)
+    assert type(ld).__name__ == "FstModelLoader"
+    # registering again (vLLM loads plugins in every process, maybe twice)
+    assert plugin.register() is type(ld)
+
+
+def test_load_format_accepted_by_vllm_arguments(monkeypatch):
+    # vLLM's argument defaults ask the platform for a device type, which a
+    # machine without a GPU does not give: say it is the CPU
+    from vllm.platforms import current_platform
+    if not current_platform.device_type:
+        monkeypatch.setattr(current_platform, "device_type", "cpu", raising=False)
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    p = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = p.parse_args(["--model", "x", "--load-format", "fst",
+                         "--model-loader-extra-config", '{"threads": 4, "io": "pread"}'])
+    ea = EngineArgs.from_cli_args(args)
+    assert ea.load_format == "fst"
+    from vllm.model_executor.model_loader import get_model_loader
+    # the LoadConfig vLLM itself makes from the command line
+    ld = get_model_loader(ea.create_load_config())
+    assert type(ld).__name__ == "FstModelLoader"
+    assert ld.fst_options == {"threads": 4, "io": "pread"}
+
+
+def test_iterator_bytes_and_natural_shard_order(model_dir):
+    got = _iterate(_loader({"threads": 2}), model_dir)
+    _assert_same(dict(got), _reference(model_dir))
+    shards = []
+    for name, _ in got:
+        k = int(name.split(".")[2])
+        if not shards or shards[-1] != k:
+            shards.append(k)
+    assert shards == list(range(1, 11)), shards
+
+
+def test_load_weights_into_preallocated_parameters(model_dir):
+    """vLLM's own load_weights path: the model copies each tensor into its
+    parameter, then vLLM checks every parameter was loaded."""
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    ref = _reference(model_dir)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            for k, v in ref.items():
+                self.register_parameter(k.replace(".", "_"),
+                                        torch.nn.Parameter(torch.zeros_like(v),
+                                                           requires_grad=False))
+
+        def load_weights(self, weights):
+            loaded = set()
+            for name, t in weights:
+                getattr(self, name.replace(".", "_")).data.copy_(t)
+                loaded.add(name.replace(".", "_"))
+            return loaded
+
+    m = Model()
+    cfg = types.SimpleNamespace(model=str(model_dir), revision=None, quantization=None,
+                                is_moe=False, multimodal_config=None)
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        _loader().load_weights(m, cfg)
+    for k, v in ref.items():
+        p = getattr(m, k.replace(".", "_"))
+        assert p.reshape(-1).view(torch.uint8).tolist() == v.reshape(-1).view(torch.uint8).tolist()
+
+
+def test_index_filters_files(tmp_path):
+    """vLLM's discovery: a consolidated file beside indexed shards is not
+    read (the index decides), as with load format safetensors."""
+    d = tmp_path / "m"
+    d.mkdir()
+    save_file({"a": torch.ones(3)}, str(d / "model-00001-of-00002.safetensors"))
+    save_file({"b": torch.ones(4)}, str(d / "model-00002-of-00002.safetensors"))
+    save_file({"a": torch.zeros(3), "b": torch.zeros(4)}, str(d / "consolidated.safetensors"))
+    (d / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"a": "model-00001-of-00002.safetensors", '
+        '"b": "model-00002-of-00002.safetensors"}}')
+    got = dict(_iterate(_loader(), d))
+    assert sorted(got) == ["a", "b"]
+    assert torch.equal(got["a"], torch.ones(3)) and torch.equal(got["b"], torch.ones(4))
+
+
+def test_local_expert_ids_are_not_read(tmp_path, monkeypatch):
+    d = tmp_path / "moe"
+    d.mkdir()
+    t = {}
+    for e in range(4):
+        t[f"model.layers.0.mlp.experts.{e}.w1.weight"] = torch.full((4, 4), float(e))
+        t[f"model.layers.0.mlp.experts.{e}.w1.weight_scale"] = torch.tensor([float(e)])
+    t["model.layers.0.mlp.gate.weight"] = torch.ones(4, 4)
+    save_file(t, str(d / "model.safetensors"))
+    asked = []
+    real = fst.iter_tensors
+
+    def spy(path, *a, **k):
+        asked.append(k.get("names"))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(fst, "iter_tensors", spy)
+    ld = _loader()
+    ld.local_expert_ids = {1, 2}
+    got = dict(_iterate(ld, d))
+    keep = {n for n in t if not (".experts.0.w1.weight" == n[-21:] or n.endswith(
+        "experts.0.w1.weight") or n.endswith("experts.3.w1.weight"))}
+    assert set(got) == keep
+    # other ranks' expert weights never reach fst's reader
+    assert asked and all("model.layers.0.mlp.experts.3.w1.weight" not in n for n in asked)
+    assert all(torch.equal(got[n], t[n]) for n in keep)
+
+
+def test_extra_config_reaches_fst(model_dir, monkeypatch):
+    seen = []
+    real = fst.iter_tensors
+
+    def spy(path, *a, **k):
+        seen.append(k)
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(fst, "iter_tensors", spy)
+    opts = {"threads": 3, "staging_bytes": 1 << 22, "chunk_bytes": 1 << 16, "io": "uring",
+            "gds": "off"}
+    _assert_same(dict(_iterate(_loader(opts), model_dir)), _reference(model_dir))
+    assert seen and all(all(k[o] == v for o, v in opts.items()) for k in seen)
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"threads": -1}, "'threads'"), ({"threads": "4"}, "'threads'"),
+    ({"threads": True}, "'threads'"), ({"io": "mmap"}, "'io'"), ({"gds": "yes"}, "'gds'"),
+])
+def test_bad_extra_config(extra, words):
+    with pytest.raises(ValueError, match=words):
+        _loader(extra)
+
+
+def test_unknown_extra_config_is_vllms_error():
+    with pytest.raises(ValueError, match="Unexpected extra config keys"):
+        _loader({"thread": 4})
+
+
+def test_changed_loader_api_is_named(monkeypatch):
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+    monkeypatch.delattr(DefaultModelLoader, "_prepare_weights")
+    with pytest.raises(plugin.VllmPluginError, match=f"vLLM {vllm.__version__}.*_prepare_weights"):
+        plugin.make_loader_class()
+
+
+def test_missing_vllm_is_named(run_python_here):
+    r = run_python_here("import sys; sys.modules['vllm'] = None\n"
+                        "from fst.integrations import vllm as p\n"
+                        "try:\n    p.register()\nexcept p.VllmPluginError as e:\n"
+                        "    print('ERR', e)\n")
+    assert "ERR fst's vLLM plugin needs vllm (written for vLLM 0.33)" in r.stdout, r.stderr
+
+
+@pytest.fixture
+def run_python_here():
+    import subprocess
+
+    def run(code):
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120)
+    return run
+
+
+def test_tensor_parallel_reads_each_file_once(model_dir, free_port, run_ranks):
+    """Two ranks in vLLM's world group (gloo, CPU): each file is read by one
+    rank, every rank gets every tensor, the progress bar is rank 0's."""
+    out = run_ranks(os.path.join(HERE, "vllm_rank.py"), 2, model_dir, free_port)
+    reads = []
+    for r, p in enumerate(out):
+        assert p.returncode == 0, p.stderr[-3000:]
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert lines, p.stdout[-2000:]
+        _, equal, files = lines[-1].split(" ", 2)
+        assert equal == "equal", lines
+        reads.append(set(files.split(",")))
+        assert ("Loading safetensors with fst" in p.stderr) == (r == 0)
+    assert not reads[0] & reads[1]
+    assert reads[0] | reads[1] == {f"model-{k}-of-10.safetensors" for k in range(1, 11)}
