@@ -7,6 +7,7 @@ docs/python.md.
 """
 from __future__ import annotations
 
+import errno as _errno
 import os
 import sys
 from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
@@ -14,8 +15,9 @@ from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
 from . import _fst
 
 __all__ = [
-    "SafetensorError", "FormatError", "FileError", "OutOfMemoryError", "DeviceError",
-    "UnsupportedError", "CancelledError", "FileChangedError",
+    "SafetensorError", "UsageError", "FormatError", "FileError", "NoSuchFileError",
+    "FilePermissionError", "OutOfMemoryError", "DeviceError", "UnsupportedError",
+    "CancelledError", "FileChangedError",
     "load_file", "load", "safe_open", "save_file", "save", "iter_tensors", "Checkpoint",
     "SafeTensorsFileLoader", "SingleGroup", "fastsafe_open", "trim", "__version__",
     "Comm", "load_sharded",
@@ -41,8 +43,37 @@ class FormatError(SafetensorError, ValueError):
     file, the tensor and the rule (FST_EFORMAT)."""
 
 
-class FileError(SafetensorError, OSError):
-    """A file could not be read (FST_EIO)."""
+class _OSFailure(SafetensorError, OSError):
+    """What the fst errors that are OSErrors share: errno, strerror and
+    filename as OSError has them, and str() the fst message, which names the
+    file and what was being done (OSError's own str() would drop that)."""
+
+    def __init__(self, message: str, code: int = 0, errno: Optional[int] = None,
+                 filename: Optional[str] = None):
+        super().__init__(message, code)
+        if errno:
+            self.errno = errno
+            self.strerror = os.strerror(errno)
+        self.filename = filename
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):
+        return type(self), (str(self), self.code, self.errno, self.filename)
+
+
+class FileError(_OSFailure):
+    """A file could not be opened or read (FST_EIO); errno and filename say
+    which and why."""
+
+
+class NoSuchFileError(FileError, FileNotFoundError):
+    """A file that is not there (FST_EIO with ENOENT)."""
+
+
+class FilePermissionError(FileError, PermissionError):
+    """A file that may not be read (FST_EIO with EACCES or EPERM)."""
 
 
 class OutOfMemoryError(SafetensorError, MemoryError):
@@ -61,14 +92,29 @@ class CancelledError(SafetensorError):
     """The load was cancelled (FST_ECANCELED)."""
 
 
-class FileChangedError(SafetensorError, OSError):
+class FileChangedError(_OSFailure):
     """A file changed while it was being read (FST_ECHANGED)."""
 
 
-_fst._set_errors(SafetensorError, {
+_BY_CODE = {
     -1: UsageError, -2: FormatError, -3: FileError, -4: OutOfMemoryError,
     -5: DeviceError, -6: UnsupportedError, -7: CancelledError, -9: FileChangedError,
-})
+}
+_BY_ERRNO = {_errno.ENOENT: NoSuchFileError, _errno.EACCES: FilePermissionError,
+             _errno.EPERM: FilePermissionError}
+
+
+def _error(message: str, code: int, sys_errno: int, filename: Optional[str]):
+    """The exception for a libfst failure (the extension calls it)."""
+    cls = _BY_CODE.get(code, SafetensorError)
+    if cls is FileError:
+        cls = _BY_ERRNO.get(sys_errno, FileError)
+    if issubclass(cls, _OSFailure):
+        return cls(message, code, sys_errno, filename)
+    return cls(message, code)
+
+
+_fst._set_errors(SafetensorError, _error)
 
 _IO = {"auto": 0, "pread": 1, "uring": 2, "mmap": 3}
 _GDS = {"auto": 0, "on": 1, "off": 2}
@@ -305,9 +351,9 @@ def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framewo
     checkpoint; with progress=True and tqdm installed, show a bar."""
     fw = _framework(framework)
     _check_target(_device(device), fw)
-    if isinstance(paths, (str, os.PathLike)):
+    if isinstance(paths, (str, os.PathLike, Checkpoint)):
         paths = [paths]
-    cks = [Checkpoint(p) for p in paths]
+    cks = [p if isinstance(p, Checkpoint) else Checkpoint(p) for p in paths]
     bar = None
     if progress:
         try:
