@@ -8,6 +8,7 @@ docs/python.md.
 from __future__ import annotations
 
 import errno as _errno
+import operator
 import os
 import sys
 from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
@@ -15,9 +16,9 @@ from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
 from . import _fst
 
 __all__ = [
-    "SafetensorError", "UsageError", "FormatError", "FileError", "NoSuchFileError",
-    "FilePermissionError", "OutOfMemoryError", "DeviceError", "UnsupportedError",
-    "CancelledError", "FileChangedError",
+    "SafetensorError", "UsageError", "ArgumentTypeError", "FormatError", "FileError",
+    "NoSuchFileError", "FilePermissionError", "OutOfMemoryError", "DeviceError",
+    "UnsupportedError", "CancelledError", "FileChangedError",
     "load_file", "load", "safe_open", "save_file", "save", "iter_tensors", "Checkpoint",
     "SafeTensorsFileLoader", "SingleGroup", "fastsafe_open", "trim", "__version__",
     "Comm", "load_sharded",
@@ -27,7 +28,7 @@ __version__ = _fst.version()
 
 
 class SafetensorError(Exception):
-    """Any failure reported by libfst; `code` is the FST_E* status."""
+    """Any failure reported by fst; `code` is the FST_E* status."""
 
     def __init__(self, message: str, code: int = 0):
         super().__init__(message)
@@ -36,6 +37,11 @@ class SafetensorError(Exception):
 
 class UsageError(SafetensorError, ValueError):
     """A bad argument (FST_EUSAGE)."""
+
+
+class ArgumentTypeError(UsageError, TypeError):
+    """An argument of the wrong type: a UsageError that is also the
+    TypeError Python callers expect for one."""
 
 
 class FormatError(SafetensorError, ValueError):
@@ -119,6 +125,7 @@ _fst._set_errors(SafetensorError, _error)
 _IO = {"auto": 0, "pread": 1, "uring": 2, "mmap": 3}
 _GDS = {"auto": 0, "on": 1, "off": 2}
 _DL_INT, _DL_UINT = 0, 1
+_MAX_THREADS = 64  # libfst's limit (MAX_THREADS in src/engine.c)
 
 
 def trim() -> None:
@@ -126,17 +133,38 @@ def trim() -> None:
     _fst.trim()
 
 
+# ---- arguments: checked before anything is opened or read
+
+_DEVICES = "'cpu', 'cuda', 'cuda:N', an int N or a torch.device"
+
+
+def _is_int(value) -> bool:
+    return not isinstance(value, bool) and hasattr(type(value), "__index__")
+
+
 def _device(device) -> str:
     if device is None:
         return "cpu"
-    if isinstance(device, int):
-        return f"cuda:{device}"
-    s = str(device)
+    if _is_int(device):
+        n = operator.index(device)
+        if n < 0:
+            raise UsageError(f"device={device!r}: expected {_DEVICES}", -1)
+        return f"cuda:{n}"
+    if isinstance(device, str):
+        s = device
+    elif not isinstance(device, bool) and hasattr(device, "type") and hasattr(device, "index"):
+        s = str(device)  # torch.device, without importing torch
+    else:
+        raise ArgumentTypeError(f"device={device!r}: expected {_DEVICES}", -1)
     return "cuda:0" if s == "cuda" else s
 
 
-def _framework(framework: str) -> str:
-    f = (framework or "pt").lower()
+def _framework(framework) -> str:
+    if framework is None:
+        return "pt"
+    if not isinstance(framework, str):
+        raise ArgumentTypeError(f"framework={framework!r}: expected 'pt' or 'numpy'", -1)
+    f = framework.lower()
     if f in ("pt", "torch", "pytorch"):
         return "pt"
     if f in ("np", "numpy"):
@@ -144,7 +172,66 @@ def _framework(framework: str) -> str:
     raise UsageError(f"framework {framework!r}: expected 'pt' or 'numpy'", -1)
 
 
+def _choice(name: str, value, table: Dict[str, int]) -> int:
+    if isinstance(value, str) and value in table:
+        return table[value]
+    cls = UsageError if isinstance(value, str) else ArgumentTypeError
+    raise cls(f"{name}={value!r}: expected one of {sorted(table)}", -1)
+
+
+def _count(name: str, value, what: str, limit: int = 2 ** 64 - 1) -> int:
+    """A non-negative int argument; None is its default, 0."""
+    if value is None:
+        return 0
+    if not _is_int(value):
+        raise ArgumentTypeError(f"{name}={value!r}: expected an int, {what}", -1)
+    n = operator.index(value)
+    if not 0 <= n <= limit:
+        raise UsageError(f"{name}={value!r}: expected {what}", -1)
+    return n
+
+
+def _threads(threads, name: str = "threads") -> int:
+    return _count(name, threads,
+                  f"0 (one per CPU, at most 16) or 1..{_MAX_THREADS}", _MAX_THREADS)
+
+
+def _names(names) -> Optional[list]:
+    """names= as a list of str, read once (it may be a generator)."""
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes, bytearray)):
+        raise ArgumentTypeError(f"names={names!r}: expected an iterable of tensor names, not "
+                                f"one {type(names).__name__} (names=[{names!r}] for one tensor)",
+                                -1)
+    try:
+        out = list(names)
+    except TypeError:
+        raise ArgumentTypeError(f"names={names!r}: expected an iterable of tensor names",
+                                -1) from None
+    for i, n in enumerate(out):
+        if not isinstance(n, str):
+            raise ArgumentTypeError(f"names: item {i} is {n!r}: expected a tensor name (str)", -1)
+    return out
+
+
+_LOAD_OPTIONS = ("io", "threads", "staging_bytes", "chunk_bytes", "gds", "align", "names",
+                 "torch_allocator")
+
+
+def _check_options(where: str, options: dict) -> None:
+    """**options that are no load option would otherwise be dropped unseen."""
+    for k in options:
+        if k not in _LOAD_OPTIONS:
+            raise TypeError(f"{where}() got an unexpected keyword argument {k!r}")
+
+
 # ---- dtypes: DLPack carries the common ones; the rest are views
+
+# numpy has no dtype of its own for these: ml_dtypes gives them
+_ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+              "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz"}
+_TORCH_UNSIGNED = ("U16", "U32", "U64")  # torch >= 2.3
 
 
 def _torch_dtypes():
@@ -157,14 +244,18 @@ def _torch_dtypes():
     return {k: getattr(torch, v) for k, v in names.items() if hasattr(torch, v)}
 
 
+def _no_torch_dtype(name: str, dtype: str, torch) -> UnsupportedError:
+    return UnsupportedError(f"tensor {name!r}: {dtype} has no torch dtype in torch "
+                            f"{getattr(torch, '__version__', '?')} (torch >= 2.3 has it)", -6)
+
+
 def _to_torch(t: "_fst.Tensor"):
     import torch
     dtype = t.dtype
-    if dtype in ("U16", "U32", "U64"):
+    if dtype in _TORCH_UNSIGNED:
         wanted = _torch_dtypes().get(dtype)
         if wanted is None:
-            raise UnsupportedError(
-                f"tensor {t.name!r}: {dtype} has no torch dtype in torch {torch.__version__}", -6)
+            raise _no_torch_dtype(t.name, dtype, torch)
         bits = int(dtype[1:])
         return torch.from_dlpack(t.reinterpret(_DL_INT, bits)).view(wanted)
     if dtype.startswith("F8_"):
@@ -181,17 +272,16 @@ def _to_numpy(t: "_fst.Tensor"):
         raise UsageError(f"tensor {t.name!r} is on {t.device}: numpy arrays live on the CPU; "
                          "load with device='cpu' or framework='pt'", -1)
     dtype = t.dtype
-    if dtype == "BF16" or dtype in ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"):
+    if dtype in _ML_DTYPES:
         try:
             import ml_dtypes
         except ImportError:
             raise UnsupportedError(
                 f"tensor {t.name!r}: numpy has no {dtype} dtype; install ml_dtypes or use "
                 "framework='pt'", -6) from None
-        name = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-                "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz"}[dtype]
         bits = 16 if dtype == "BF16" else 8
-        return np.from_dlpack(t.reinterpret(_DL_UINT, bits)).view(getattr(ml_dtypes, name))
+        return np.from_dlpack(t.reinterpret(_DL_UINT, bits)).view(getattr(ml_dtypes,
+                                                                          _ML_DTYPES[dtype]))
     return np.from_dlpack(t)
 
 
@@ -221,21 +311,40 @@ def _torch_allocator(device: str):
     return (alloc, free)
 
 
-def _load_kwargs(device, framework, io, threads, staging_bytes, chunk_bytes, gds, align,
-                 names, torch_allocator):
+def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk_bytes=0,
+                 gds="auto", align=0, names=None, torch_allocator=True):
+    """The low-level load's keyword arguments, every one checked; the
+    allocator is added by _prepare, once the checkpoint is open."""
     dev = _device(device)
     _check_target(dev, framework)
-    if io not in _IO:
-        raise UsageError(f"io={io!r}: expected one of {sorted(_IO)}", -1)
-    if gds not in _GDS:
-        raise UsageError(f"gds={gds!r}: expected one of {sorted(_GDS)}", -1)
-    kw = dict(device=dev, io=_IO[io], threads=int(threads or 0),
-              staging_bytes=int(staging_bytes or 0), chunk_bytes=int(chunk_bytes or 0),
-              gds=_GDS[gds], align=int(align or 0))
+    kw = dict(device=dev, io=_choice("io", io, _IO), threads=_threads(threads),
+              staging_bytes=_count("staging_bytes", staging_bytes,
+                                   "a byte count >= 0 (0: libfst's default)"),
+              chunk_bytes=_count("chunk_bytes", chunk_bytes,
+                                 "a byte count >= 0 (0: libfst's default)"),
+              gds=_choice("gds", gds, _GDS),
+              align=_count("align", align, "a power of two, or 0 for 256", 2 ** 31))
+    names = _names(names)
     if names is not None:
-        kw["names"] = list(names)
-    if torch_allocator and framework == "pt" and dev.startswith("cuda"):
-        kw["allocator"] = _torch_allocator(dev)
+        kw["names"] = names
+    kw["torch_allocator"] = bool(torch_allocator)
+    return kw
+
+
+def _prepare(where: str, cks: Sequence["Checkpoint"], framework: str, kw: dict) -> dict:
+    """What every load does after opening its checkpoints and before reading
+    any tensor data: the names exist. Returns kw for the low-level load."""
+    names = kw.get("names")
+    if names is not None:
+        # a typo should fail here, not later as a missing key
+        unknown = [n for n in names if all(ck._ck.info(n) is None for ck in cks)]
+        if unknown:
+            raise UsageError(f"{where}: no tensor named {unknown[0]!r}"
+                             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""),
+                             -1)
+    kw = dict(kw)
+    if kw.pop("torch_allocator") and framework == "pt" and kw["device"].startswith("cuda"):
+        kw["allocator"] = _torch_allocator(kw["device"])
     return kw
 
 
@@ -264,6 +373,10 @@ class Checkpoint:
         return i[0], i[1], i[2]
 
 
+def _open(path) -> Checkpoint:
+    return path if isinstance(path, Checkpoint) else Checkpoint(path)
+
+
 def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_bytes=0,
          chunk_bytes=0, gds="auto", align=0, names: Optional[Iterable[str]] = None,
          torch_allocator=True) -> Dict[str, object]:
@@ -272,15 +385,13 @@ def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_by
     fw = _framework(framework)
     kw = _load_kwargs(device, fw, io, threads, staging_bytes, chunk_bytes, gds, align, names,
                       torch_allocator)
-    ck = path if isinstance(path, Checkpoint) else Checkpoint(path)
-    if names is not None:
-        # a typo should fail here, not later as a missing key
-        unknown = [n for n in kw["names"] if ck._ck.info(n) is None]
-        if unknown:
-            raise UsageError(f"{ck.path}: no tensor named {unknown[0]!r}"
-                             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""), -1)
+    ck = _open(path)
+    return _load_prepared(ck, fw, _prepare(ck.path, [ck], fw, kw))
+
+
+def _load_prepared(ck: Checkpoint, framework: str, kw: dict) -> Dict[str, object]:
     buf = _fst.load(ck._ck, **kw)
-    return {name: _convert(buf.tensor(name), fw) for name in buf.names()}
+    return {name: _convert(buf.tensor(name), framework) for name in buf.names()}
 
 
 def load_file(filename, device="cpu", framework="pt", **options) -> Dict[str, object]:
@@ -306,9 +417,11 @@ class _Slice:
 class safe_open:
     """Like safetensors.safe_open: keys(), get_tensor(), get_slice(),
     metadata(). The first get_tensor loads the whole checkpoint with the
-    fast path onto `device`; later calls return views of it."""
+    fast path onto `device`; later calls return views of it. The options'
+    values are checked then, before anything is read."""
 
     def __init__(self, filename, framework="pt", device="cpu", **options):
+        _check_options("safe_open", options)
         self._fw = _framework(framework)
         self._device = _device(device)
         _check_target(self._device, self._fw)
@@ -348,17 +461,21 @@ class safe_open:
 def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framework="pt",
                  progress=False, **options) -> Iterator[Tuple[str, object]]:
     """Yield (name, tensor) as tensors become ready, checkpoint after
-    checkpoint; with progress=True and tqdm installed, show a bar."""
+    checkpoint; with progress=True and tqdm installed, show a bar. Every
+    path is opened and every check made when the iteration starts, before
+    the first tensor is read."""
+    _check_options("iter_tensors", options)
     fw = _framework(framework)
-    _check_target(_device(device), fw)
-    if isinstance(paths, (str, os.PathLike, Checkpoint)):
+    kw = _load_kwargs(device, fw, **options)
+    if isinstance(paths, (str, bytes, os.PathLike, Checkpoint)):
         paths = [paths]
-    cks = [p if isinstance(p, Checkpoint) else Checkpoint(p) for p in paths]
+    cks = [_open(p) for p in paths]
+    kw = _prepare(", ".join(ck.path for ck in cks) or "iter_tensors", cks, fw, kw)
     bar = None
     if progress:
         try:
             from tqdm import tqdm
-            wanted = options.get("names")
+            wanted = kw.get("names")
             wanted = None if wanted is None else set(wanted)
             total = 0
             for ck in cks:
@@ -368,10 +485,6 @@ def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framewo
             bar = None
     try:
         for ck in cks:
-            kw = _load_kwargs(device, fw, options.get("io", "auto"), options.get("threads", 0),
-                              options.get("staging_bytes", 0), options.get("chunk_bytes", 0),
-                              options.get("gds", "auto"), options.get("align", 0),
-                              options.get("names"), options.get("torch_allocator", True))
             loader = _fst.start(ck._ck, **kw)
             try:
                 while True:
@@ -533,11 +646,13 @@ class SafeTensorsFileLoader:
                  nogds=False, set_numa=True, disable_cache=True, debug_log=False,
                  framework="pytorch", **ignored):
         self.pg = pg if pg is not None else SingleGroup()
-        self._device = _device(device)
-        self._options = dict(threads=max_threads, staging_bytes=int(bbuf_size_kb) * 1024,
-                             gds="off" if nogds else "auto")
         self._framework = _framework(framework)
-        _check_target(self._device, self._framework)
+        kib = _count("bbuf_size_kb", bbuf_size_kb, "a size in KiB >= 0 (0: libfst's default)",
+                     (2 ** 64 - 1) // 1024)
+        self._kw = _load_kwargs(device, self._framework, threads=_threads(max_threads,
+                                                                          "max_threads"),
+                                staging_bytes=kib * 1024, gds="off" if nogds else "auto")
+        self._device = self._kw["device"]
         self._files: Dict[int, list] = {}
 
     def add_filenames(self, filenames: Dict[int, Sequence[str]]):
@@ -570,16 +685,20 @@ class SafeTensorsFileLoader:
 
     def copy_files_to_device(self, dtype=None, use_buf_register=True,
                              max_copy_block_size=0) -> FilesBufferOnDevice:
+        # every file is opened and checked before the first is read
+        opened = list(self._checkpoints())
         tensors, owners, where, shapes = {}, {}, {}, {}
-        for rank, lidx, f, ck in self._checkpoints():
+        for rank, lidx, f, ck in opened:
             for k in ck.keys():
                 if k in where:
                     raise UsageError(f"FilesBufferOnDevice: key {k} must be unique among files "
                                      f"({owners[k]} and {f})", -1)
                 where[k], owners[k] = (rank, lidx), f
                 shapes[k] = list(ck.info(k)[1])
-            loaded = load(ck, self._device, framework=self._framework, **self._options)
-            for k, v in loaded.items():
+        kw = _prepare("copy_files_to_device", [ck for _, _, _, ck in opened], self._framework,
+                      self._kw)
+        for _, _, _, ck in opened:
+            for k, v in _load_prepared(ck, self._framework, kw).items():
                 tensors[k] = _convert_to(v, None, dtype)
         return FilesBufferOnDevice(tensors, owners, self.pg, where, shapes)
 
@@ -664,13 +783,22 @@ def load_sharded(path, comm: Comm, dims: Optional[Dict[str, Optional[int]]] = No
     passed as stats receives "describe" (with the bytes this rank read from
     storage) and "bytes" (this rank's tensor bytes)."""
     fw = _framework(framework)
-    ck = path if isinstance(path, Checkpoint) else Checkpoint(path)
-    dims = dims or {}
-    table = [(-1 if dims.get(n) is None else int(dims[n])) for n in ck.keys()]
-    if io not in _IO:
-        raise UsageError(f"io={io!r}: expected one of {sorted(_IO)}", -1)
-    buf = _fst.load_sharded(ck._ck, comm._comm, table, io=_IO[io], threads=int(threads or 0),
-                            staging_bytes=int(staging_bytes or 0))
+    # the tensors land on comm's GPU, where numpy cannot take them
+    _check_target(f"cuda:{getattr(comm, 'device', 0)}", fw)
+    io_code = _choice("io", io, _IO)
+    nthreads = _threads(threads)
+    staging = _count("staging_bytes", staging_bytes, "a byte count >= 0 (0: libfst's default)")
+    dims = {} if dims is None else dims
+    if not hasattr(dims, "get") or not hasattr(dims, "items"):
+        raise ArgumentTypeError(f"dims={dims!r}: expected a dict of tensor name to a dimension "
+                                "(int) or None", -1)
+    for k, v in dims.items():
+        if v is not None and not _is_int(v):
+            raise ArgumentTypeError(f"dims[{k!r}]={v!r}: expected a dimension (int) or None", -1)
+    ck = _open(path)
+    table = [(-1 if dims.get(n) is None else operator.index(dims[n])) for n in ck.keys()]
+    buf = _fst.load_sharded(ck._ck, comm._comm, table, io=io_code, threads=nthreads,
+                            staging_bytes=staging)
     if stats is not None:
         stats["describe"] = buf.describe()  # says the bytes this rank read
         stats["bytes"] = buf.nbytes()

@@ -1,11 +1,18 @@
-"""fst's errors are also the Python built-ins a caller catches (docs/python.md,
-"Errors"): a missing file is a FileNotFoundError, an unreadable one a
-PermissionError, each with errno, strerror and filename (the failing shard
-of a directory, the shard being read during a load); str() stays fst's
-message."""
+"""The fst package fails early and as Python expects (docs/python.md,
+"Errors" and "Checked before anything is read"):
+
+- a missing file is also a FileNotFoundError, an unreadable one a
+  PermissionError, each with errno, strerror and filename (the failing
+  shard of a directory, the shard being read during a load); str() stays
+  fst's message;
+- bad argument types and values are refused before anything is opened:
+  UsageError (a ValueError) for values, ArgumentTypeError (a UsageError and
+  a TypeError) for types."""
 import errno
 import os
 import pickle
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -180,5 +187,148 @@ def test_error_classes(fst_pkg):
     E = fst_pkg
     assert issubclass(E.NoSuchFileError, (E.FileError, FileNotFoundError))
     assert issubclass(E.FilePermissionError, (E.FileError, PermissionError))
-    for name in ("NoSuchFileError", "FilePermissionError"):
+    assert issubclass(E.ArgumentTypeError, TypeError) and issubclass(E.ArgumentTypeError,
+                                                                      E.UsageError)
+    for name in ("NoSuchFileError", "FilePermissionError", "ArgumentTypeError"):
         assert name in E.__all__
+
+
+# ---------------------------------------------------------------- arguments
+
+THREADS = r"expected 0 \(one per CPU, at most 16\) or 1\.\.64"
+
+BAD_VALUES = [
+    (dict(threads=-1), r"^threads=-1: " + THREADS),
+    (dict(threads=65), r"^threads=65: " + THREADS),
+    (dict(staging_bytes=-1), r"^staging_bytes=-1: expected a byte count >= 0"),
+    (dict(chunk_bytes=-4096), r"^chunk_bytes=-4096: expected a byte count >= 0"),
+    (dict(align=-8), r"^align=-8: expected a power of two"),
+    (dict(device=-1), r"^device=-1: expected 'cpu', 'cuda', 'cuda:N', an int N"),
+]
+
+BAD_TYPES = [
+    (dict(threads=True), r"^threads=True: expected an int"),
+    (dict(threads="4"), r"^threads='4': expected an int"),
+    (dict(threads=1.5), r"^threads=1.5: expected an int"),
+    (dict(staging_bytes="1MiB"), r"^staging_bytes='1MiB': expected an int"),
+    (dict(align=256.0), r"^align=256.0: expected an int"),
+    (dict(names="xyz"), r"^names='xyz': expected an iterable of tensor names, not one str"),
+    (dict(names=b"a"), r"^names=b'a': expected an iterable of tensor names, not one bytes"),
+    (dict(names=5), r"^names=5: expected an iterable of tensor names"),
+    (dict(names=["a", 7]), r"^names: item 1 is 7: expected a tensor name \(str\)"),
+    (dict(framework=3), r"^framework=3: expected 'pt' or 'numpy'"),
+    (dict(device=1.5), r"^device=1.5: expected 'cpu', 'cuda', 'cuda:N', an int N or a "
+                       r"torch.device"),
+    (dict(device=True), r"^device=True: expected"),
+    (dict(device=[0]), r"^device=\[0\]: expected"),
+    (dict(io=1), r"^io=1: expected one of \['auto', 'mmap', 'pread', 'uring'\]"),
+    (dict(gds=None), r"^gds=None: expected one of \['auto', 'off', 'on'\]"),
+]
+
+
+def argument_calls(fst, path, kw):
+    kw = {"framework": "numpy", **kw}
+    rest = {k: v for k, v in kw.items() if k != "device"}
+    return {
+        "load": lambda: fst.load(path, **kw),
+        "load_file": lambda: fst.load_file(path, kw.get("device", "cpu"), **rest),
+        "iter_tensors": lambda: next(fst.iter_tensors(path, **kw)),
+        "safe_open": lambda: fst.safe_open(path, **kw).get_tensor("a"),
+    }
+
+
+@pytest.mark.parametrize("kw,pattern", BAD_VALUES)
+def test_bad_argument_values(fst_pkg, tmp_path, files, kw, pattern):
+    """UsageError (a ValueError, not a TypeError) naming the argument; checked
+    before the file is opened, so a missing file does not hide it."""
+    missing = str(tmp_path / "missing.safetensors")
+    for path in (files["plain"], missing):
+        for entry, call in argument_calls(fst_pkg, path, kw).items():
+            if entry == "safe_open" and path == missing:
+                continue  # opens the file at construction, checks options at the load
+            with pytest.raises(fst_pkg.UsageError, match=pattern) as ei:
+                call()
+            assert not isinstance(ei.value, TypeError), entry
+            assert isinstance(ei.value, ValueError) and ei.value.code == -1, entry
+
+
+@pytest.mark.parametrize("kw,pattern", BAD_TYPES)
+def test_bad_argument_types(fst_pkg, tmp_path, files, kw, pattern):
+    """ArgumentTypeError: a TypeError, and a UsageError (code -1)."""
+    missing = str(tmp_path / "missing.safetensors")
+    for path in (files["plain"], missing):
+        for entry, call in argument_calls(fst_pkg, path, kw).items():
+            if entry == "safe_open" and path == missing:
+                continue
+            with pytest.raises(TypeError, match=pattern) as ei:
+                call()
+            assert type(ei.value) is fst_pkg.ArgumentTypeError, (entry, type(ei.value))
+            assert isinstance(ei.value, fst_pkg.UsageError) and ei.value.code == -1, entry
+
+
+def test_threads_up_to_the_library_limit(fst_pkg, files):
+    """64 is libfst's own limit: the check refuses nothing the library takes."""
+    got = fst_pkg.load(files["plain"], framework="numpy", threads=64)
+    assert got["a"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    got = fst_pkg.load(files["plain"], framework="numpy", threads=np.int64(2), align=np.uint32(64))
+    assert got["a"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_unknown_options(fst_pkg, files):
+    """A misspelt option is a TypeError, as a keyword argument of load is,
+    not ignored."""
+    with pytest.raises(TypeError, match="iter_tensors.. got an unexpected keyword argument "
+                                        "'thread'"):
+        next(fst_pkg.iter_tensors(files["plain"], framework="numpy", thread=2))
+    with pytest.raises(TypeError, match="safe_open.. got an unexpected keyword argument 'ioo'"):
+        fst_pkg.safe_open(files["plain"], framework="numpy", ioo="pread")
+
+
+def test_iter_tensors_names(fst_pkg, files, monkeypatch):
+    """A name no checkpoint has is a UsageError, as in load; a generator
+    of names is read once, also when a progress bar counts the bytes."""
+    with pytest.raises(fst_pkg.UsageError, match="no tensor named 'zz'"):
+        next(fst_pkg.iter_tensors(shard_files(files), framework="numpy", names=["a", "zz"]))
+    bars = []
+
+    class Bar:
+        def __init__(self, total=None, **kw):
+            self.total = total
+            bars.append(self)
+
+        def update(self, n):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=Bar))
+    got = dict(fst_pkg.iter_tensors(files["mixed"], framework="numpy", progress=True,
+                                    names=(n for n in ["a"])))
+    assert sorted(got) == ["a"] and bars[-1].total == 16
+
+
+def test_fastsafetensors_arguments(fst_pkg, files):
+    """The loader checks its arguments when made, naming fastsafetensors'
+    parameter."""
+    with pytest.raises(fst_pkg.UsageError, match=r"^max_threads=-1: " + THREADS):
+        fst_pkg.SafeTensorsFileLoader(fst_pkg.SingleGroup(), max_threads=-1, framework="numpy")
+    with pytest.raises(fst_pkg.UsageError, match=r"^bbuf_size_kb=-1: expected a size in KiB"):
+        fst_pkg.SafeTensorsFileLoader(fst_pkg.SingleGroup(), bbuf_size_kb=-1, framework="numpy")
+    with pytest.raises(TypeError, match=r"^framework=1: expected 'pt' or 'numpy'"):
+        fst_pkg.fastsafe_open([files["plain"]], framework=1, nogds=True)
+
+
+def test_load_sharded_arguments(fst_pkg, files):
+    """load_sharded's tensors land on comm's GPU: numpy cannot take them, so
+    framework='numpy' is refused before anything is read; so are bad dims
+    and options. (A stand-in comm: these fail before it is used.)"""
+    comm = types.SimpleNamespace(device=1, _comm=None)
+    with pytest.raises(fst_pkg.UsageError, match=r"'cuda:1' with framework='numpy'"):
+        fst_pkg.load_sharded(files["plain"], comm, framework="numpy")
+    with pytest.raises(fst_pkg.UsageError, match=r"^threads=-1: " + THREADS):
+        fst_pkg.load_sharded(files["plain"], comm, threads=-1)
+    with pytest.raises(TypeError, match=r"^dims\['a'\]='0': expected a dimension"):
+        fst_pkg.load_sharded(files["plain"], comm, {"a": "0"})
+    with pytest.raises(TypeError, match=r"^dims=\[0\]: expected a dict"):
+        fst_pkg.load_sharded(files["plain"], comm, [0])
