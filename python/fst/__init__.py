@@ -18,7 +18,7 @@ from . import _fst
 __all__ = [
     "SafetensorError", "UsageError", "ArgumentTypeError", "FormatError", "FileError",
     "NoSuchFileError", "FilePermissionError", "OutOfMemoryError", "DeviceError",
-    "UnsupportedError", "CancelledError", "FileChangedError",
+    "UnsupportedError", "MissingDependencyError", "CancelledError", "FileChangedError",
     "load_file", "load", "safe_open", "save_file", "save", "iter_tensors", "Checkpoint",
     "SafeTensorsFileLoader", "SingleGroup", "fastsafe_open", "trim", "__version__",
     "Comm", "load_sharded",
@@ -92,6 +92,21 @@ class DeviceError(SafetensorError, RuntimeError):
 
 class UnsupportedError(SafetensorError, RuntimeError):
     """The platform cannot do what was asked (FST_EUNSUPPORTED)."""
+
+
+class MissingDependencyError(UnsupportedError, ImportError):
+    """A package the load needs cannot be imported: torch for
+    framework='pt', ml_dtypes for BF16 and float8 tensors in numpy. Raised
+    from the headers, before any tensor data is read; `name` is the package
+    to install."""
+
+    def __init__(self, message: str, package: Optional[str] = None):
+        super().__init__(message, -6)
+        self.name = package  # ImportError's: the module that is missing
+        self.msg = message
+
+    def __reduce__(self):
+        return type(self), (self.msg, self.name)
 
 
 class CancelledError(SafetensorError):
@@ -249,6 +264,12 @@ def _no_torch_dtype(name: str, dtype: str, torch) -> UnsupportedError:
                             f"{getattr(torch, '__version__', '?')} (torch >= 2.3 has it)", -6)
 
 
+def _no_ml_dtypes(name: str, dtype: str) -> MissingDependencyError:
+    return MissingDependencyError(f"tensor {name!r} is {dtype}: numpy needs ml_dtypes for it: "
+                                  "pip install ml_dtypes (or load with framework='pt')",
+                                  "ml_dtypes")
+
+
 def _to_torch(t: "_fst.Tensor"):
     import torch
     dtype = t.dtype
@@ -276,9 +297,7 @@ def _to_numpy(t: "_fst.Tensor"):
         try:
             import ml_dtypes
         except ImportError:
-            raise UnsupportedError(
-                f"tensor {t.name!r}: numpy has no {dtype} dtype; install ml_dtypes or use "
-                "framework='pt'", -6) from None
+            raise _no_ml_dtypes(t.name, dtype) from None
         bits = 16 if dtype == "BF16" else 8
         return np.from_dlpack(t.reinterpret(_DL_UINT, bits)).view(getattr(ml_dtypes,
                                                                           _ML_DTYPES[dtype]))
@@ -291,6 +310,43 @@ def _check_target(device: str, framework: str) -> None:
     if framework == "numpy" and device.startswith("cuda"):
         raise UsageError(f"device {device!r} with framework='numpy': numpy arrays live on the "
                          "CPU; load with device='cpu' or framework='pt'", -1)
+
+
+def _need_torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise MissingDependencyError(f"framework='pt' needs torch: pip install torch "
+                                     f"(import torch: {e})", "torch") from e
+    return torch
+
+
+def _check_dtypes(framework: str, cks: Sequence["Checkpoint"], names: Optional[list]) -> None:
+    """From the headers alone, refuse a load whose tensors could not be
+    handed out, so that it fails before reading them rather than after:
+    BF16 and float8 in numpy need ml_dtypes, unsigned ints in torch need
+    torch >= 2.3. Only the tensors that will be loaded count (names=)."""
+    if framework == "pt":
+        torch = _need_torch()
+        missing = {d for d in _TORCH_UNSIGNED if not hasattr(torch, "uint" + d[1:])}
+        if not missing:
+            return
+    else:
+        try:
+            import ml_dtypes  # noqa: F401
+            return
+        except ImportError:
+            missing = set(_ML_DTYPES)
+    wanted = None if names is None else set(names)
+    for ck in cks:
+        for name in ck.keys():
+            if wanted is not None and name not in wanted:
+                continue
+            dtype = ck._ck.info(name)[0]
+            if dtype in missing:
+                if framework == "pt":
+                    raise _no_torch_dtype(name, dtype, torch)
+                raise _no_ml_dtypes(name, dtype)
 
 
 def _convert(t: "_fst.Tensor", framework: str):
@@ -314,7 +370,7 @@ def _torch_allocator(device: str):
 def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk_bytes=0,
                  gds="auto", align=0, names=None, torch_allocator=True):
     """The low-level load's keyword arguments, every one checked; the
-    allocator is added by _prepare, once the checkpoint is open."""
+    allocator is added by _prepare, once torch is known to be there."""
     dev = _device(device)
     _check_target(dev, framework)
     kw = dict(device=dev, io=_choice("io", io, _IO), threads=_threads(threads),
@@ -333,7 +389,8 @@ def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk
 
 def _prepare(where: str, cks: Sequence["Checkpoint"], framework: str, kw: dict) -> dict:
     """What every load does after opening its checkpoints and before reading
-    any tensor data: the names exist. Returns kw for the low-level load."""
+    any tensor data: the names exist, the framework can take the tensors.
+    Returns kw for the low-level load."""
     names = kw.get("names")
     if names is not None:
         # a typo should fail here, not later as a missing key
@@ -342,6 +399,7 @@ def _prepare(where: str, cks: Sequence["Checkpoint"], framework: str, kw: dict) 
             raise UsageError(f"{where}: no tensor named {unknown[0]!r}"
                              + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""),
                              -1)
+    _check_dtypes(framework, cks, names)
     kw = dict(kw)
     if kw.pop("torch_allocator") and framework == "pt" and kw["device"].startswith("cuda"):
         kw["allocator"] = _torch_allocator(kw["device"])
@@ -385,6 +443,8 @@ def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_by
     fw = _framework(framework)
     kw = _load_kwargs(device, fw, io, threads, staging_bytes, chunk_bytes, gds, align, names,
                       torch_allocator)
+    if fw == "pt":
+        _need_torch()  # before the file: without torch nothing of it can be used
     ck = _open(path)
     return _load_prepared(ck, fw, _prepare(ck.path, [ck], fw, kw))
 
@@ -417,8 +477,9 @@ class _Slice:
 class safe_open:
     """Like safetensors.safe_open: keys(), get_tensor(), get_slice(),
     metadata(). The first get_tensor loads the whole checkpoint with the
-    fast path onto `device`; later calls return views of it. The options'
-    values are checked then, before anything is read."""
+    fast path onto `device`; later calls return views of it. What the load
+    needs (torch, ml_dtypes, the options' values) is checked then, before
+    anything is read: keys() and metadata() need none of it."""
 
     def __init__(self, filename, framework="pt", device="cpu", **options):
         _check_options("safe_open", options)
@@ -467,6 +528,8 @@ def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framewo
     _check_options("iter_tensors", options)
     fw = _framework(framework)
     kw = _load_kwargs(device, fw, **options)
+    if fw == "pt":
+        _need_torch()
     if isinstance(paths, (str, bytes, os.PathLike, Checkpoint)):
         paths = [paths]
     cks = [_open(p) for p in paths]
@@ -685,6 +748,8 @@ class SafeTensorsFileLoader:
 
     def copy_files_to_device(self, dtype=None, use_buf_register=True,
                              max_copy_block_size=0) -> FilesBufferOnDevice:
+        if self._framework == "pt":
+            _need_torch()
         # every file is opened and checked before the first is read
         opened = list(self._checkpoints())
         tensors, owners, where, shapes = {}, {}, {}, {}
@@ -795,7 +860,9 @@ def load_sharded(path, comm: Comm, dims: Optional[Dict[str, Optional[int]]] = No
     for k, v in dims.items():
         if v is not None and not _is_int(v):
             raise ArgumentTypeError(f"dims[{k!r}]={v!r}: expected a dimension (int) or None", -1)
+    _need_torch()  # before the file, as load does
     ck = _open(path)
+    _check_dtypes(fw, [ck], None)
     table = [(-1 if dims.get(n) is None else operator.index(dims[n])) for n in ck.keys()]
     buf = _fst.load_sharded(ck._ck, comm._comm, table, io=io_code, threads=nthreads,
                             staging_bytes=staging)

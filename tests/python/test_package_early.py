@@ -1,14 +1,23 @@
 """The fst package fails early and as Python expects (docs/python.md,
 "Errors" and "Checked before anything is read"):
 
+- a missing package (torch for framework='pt', ml_dtypes for BF16 and
+  float8 tensors in numpy, counting only the tensors names= keeps) raises
+  MissingDependencyError, an ImportError saying what to install, before any
+  tensor data is read, from every entry point;
 - a missing file is also a FileNotFoundError, an unreadable one a
   PermissionError, each with errno, strerror and filename (the failing
-  shard of a directory, the shard being read during a load); str() stays
-  fst's message;
+  shard of a directory); str() stays fst's message;
 - bad argument types and values are refused before anything is opened:
   UsageError (a ValueError) for values, ArgumentTypeError (a UsageError and
-  a TypeError) for types."""
+  a TypeError) for types.
+
+"Nothing was read" is proven with fault injection: in a child process
+every Checkpoint is opened with faults off and then arms every data read
+site (pread, io_uring, mmap), so a load that reads a byte of tensor data
+raises FileError; a control load shows it does, from each entry point."""
 import errno
+import json
 import os
 import pickle
 import sys
@@ -45,9 +54,165 @@ def files(tmp_path_factory):
     return {k: str(v) for k, v in out.items()}
 
 
+# ---------------------------------------------------------------- the child
+
+PRELUDE = """
+import json, sys, types
+{hide}
+import fst
+
+class Armed(fst.Checkpoint):
+    # headers are read with faults off; every data read after them fails
+    def __init__(self, path):
+        fst._fst.fault_set(None)
+        super().__init__(path)
+        fst._fst.fault_set("read:1+,short_read:1+,uring_submit:1+,mmap:1+")
+
+fst.Checkpoint = Armed
+comm = types.SimpleNamespace(device=0, _comm=None)  # load_sharded fails before using it
+
+def outcome(call):
+    try:
+        call()
+    except Exception as e:
+        return {{"class": type(e).__name__, "import": isinstance(e, ImportError),
+                "missing": isinstance(e, getattr(fst, "MissingDependencyError", ())),
+                "name": getattr(e, "name", None), "message": str(e)}}
+    return {{"class": "loaded"}}
+
+def loader(files, **kw):
+    ld = fst.SafeTensorsFileLoader(fst.SingleGroup(), nogds=True, **kw)
+    ld.add_filenames({{0: files}})
+    return ld.copy_files_to_device()
+
+results = {{}}
+"""
+
+
+def entry_points(path, framework, names=None):
+    """Source of one call per entry point that loads `path` (a file, or a
+    list of shard files for those that take several)."""
+    one = path if isinstance(path, str) else path[0]
+    many = [path] if isinstance(path, str) else path
+    kw = f"framework={framework!r}" + ("" if names is None else f", names={names!r}")
+    loader_kw = "" if framework == "pt" else f", framework={framework!r}"
+    calls = {
+        "load": f"fst.load({one!r}, {kw})",
+        "load_file": f"fst.load_file({one!r}, {kw})",
+        "safe_open": f"fst.safe_open({one!r}, {kw}).get_tensor('a')",
+        "iter_tensors": f"next(fst.iter_tensors({many!r}, {kw}))",
+        "SafeTensorsFileLoader": f"loader({many!r}{loader_kw})",
+        "fastsafe_open": f"fst.fastsafe_open({many!r}, framework={framework!r}, nogds=True)",
+    }
+    if names is not None:  # the fastsafetensors API has no names=
+        del calls["SafeTensorsFileLoader"], calls["fastsafe_open"]
+    if framework == "pt":
+        calls["load_sharded"] = f"fst.load_sharded({one!r}, comm)"
+    return calls
+
+
+def run_entries(run_python, calls, hide=""):
+    code = PRELUDE.format(hide=hide) + "".join(
+        f"results[{k!r}] = outcome(lambda: {v})\n" for k, v in calls.items()) + \
+        "print(json.dumps(results))\n"
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+NO_TORCH = "sys.modules['torch'] = None  # import torch -> ImportError"
+NO_ML_DTYPES = "sys.modules['ml_dtypes'] = None  # import ml_dtypes -> ImportError"
+
+
+def test_the_harness_fails_any_data_read(fst_pkg, files, run_python):
+    """Control: with every package there, each entry point's load reads
+    data and so fails with FileError under the armed faults; the tests
+    below getting anything else means nothing was read."""
+    pytest.importorskip("ml_dtypes")
+    calls = entry_points(files["mixed"], "numpy")
+    calls.update(several_files(files))
+    for entry, got in run_entries(run_python, calls).items():
+        assert got["class"] == "FileError", (entry, got)
+
+
+def test_no_torch_is_reported_before_reading(fst_pkg, files, run_python):
+    for entry, got in run_entries(run_python, entry_points(files["plain"], "pt"),
+                                  NO_TORCH).items():
+        assert got["class"] == "MissingDependencyError" and got["import"], (entry, got)
+        assert got["name"] == "torch", (entry, got)
+        assert "framework='pt' needs torch: pip install torch" in got["message"], (entry, got)
+
+
+def test_no_torch_comes_before_a_missing_file(fst_pkg, tmp_path, run_python):
+    """load needs torch whatever the file: it says so without opening it."""
+    missing = str(tmp_path / "missing.safetensors")
+    got = run_entries(run_python, {"load": f"fst.load({missing!r})"}, NO_TORCH)["load"]
+    assert got["class"] == "MissingDependencyError", got
+
+
 def shard_files(files):
     from pathlib import Path
     return sorted(str(p) for p in Path(files["shards"]).glob("*.safetensors"))
+
+
+def several_files(files):
+    """The entry points that take several files, over the two shards."""
+    return {f"{k} (shards)": v for k, v in entry_points(shard_files(files), "numpy").items()
+            if k in ("iter_tensors", "SafeTensorsFileLoader", "fastsafe_open")}
+
+
+@pytest.mark.parametrize("case,tensor,dtype", [("mixed", "b", "BF16"),
+                                               ("f8", "e4m3", "F8_E4M3")])
+def test_no_ml_dtypes_is_reported_before_reading(fst_pkg, files, run_python, case, tensor,
+                                                 dtype):
+    calls = entry_points(files[case], "numpy")
+    # the BF16 tensor is in the second shard: the first must not be read either
+    calls.update(several_files(files))
+    want_tensor = {k: ("b" if "(shards)" in k else tensor) for k in calls}
+    want_dtype = {k: ("BF16" if "(shards)" in k else dtype) for k in calls}
+    for entry, got in run_entries(run_python, calls, NO_ML_DTYPES).items():
+        assert got["class"] == "MissingDependencyError" and got["import"], (entry, got)
+        assert got["name"] == "ml_dtypes", (entry, got)
+        want = (f"tensor {want_tensor[entry]!r} is {want_dtype[entry]}: numpy needs ml_dtypes "
+                "for it: pip install ml_dtypes")
+        assert want in got["message"], (entry, got)
+
+
+def test_no_ml_dtypes_counts_only_the_names_loaded(fst_pkg, files, run_python):
+    """names= picking the BF16 tensor fails before reading; names= leaving it
+    out, and checkpoints without such dtypes (F8_E8M0 is uint8), load."""
+    picked = entry_points(files["mixed"], "numpy", names=["a", "b"])
+    for entry, got in run_entries(run_python, picked, NO_ML_DTYPES).items():
+        assert got["class"] == "MissingDependencyError", (entry, got)
+        assert "tensor 'b' is BF16" in got["message"], (entry, got)
+    r = run_python(f"""
+        import sys
+        {NO_ML_DTYPES}
+        import fst
+        got = fst.load({files["mixed"]!r}, framework="numpy", names=["a"])
+        print(sorted(got), got["a"].tolist())
+        print(sorted(dict(fst.iter_tensors({files["mixed"]!r}, framework="numpy", names=["a"]))))
+        print(sorted(fst.load_file({files["plain"]!r}, framework="numpy")))
+        got = fst.load_file({files["e8m0"]!r}, framework="numpy")
+        print(sorted(got), got["e8m0"].dtype)
+        with fst.safe_open({files["mixed"]!r}, framework="numpy") as f:
+            print(f.keys(), f.get_slice("b").get_dtype())  # no load, no ml_dtypes needed
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["['a'] [0.0, 1.0, 2.0, 3.0]", "['a']", "['a']",
+                                     "['a', 'e8m0'] uint8", "['a', 'b'] BF16"], r.stdout
+
+
+def test_old_torch_without_unsigned_dtypes(fst_pkg, files, run_python, tmp_path):
+    """A torch without torch.uint16 (before 2.3) cannot take a U16 tensor:
+    UnsupportedError naming it, before reading. A stand-in torch module
+    without those dtypes plays the old torch."""
+    (tmp_path / "torch.py").write_text("__version__ = '2.0.0-stand-in'\n")
+    hide = f"sys.path.insert(0, {str(tmp_path)!r})"
+    calls = {k: v for k, v in entry_points(files["u16"], "pt").items() if k != "load_sharded"}
+    for entry, got in run_entries(run_python, calls, hide).items():
+        assert got["class"] == "UnsupportedError", (entry, got)
+        assert "tensor 'u16': U16 has no torch dtype in torch 2.0.0-stand-in" in got["message"]
 
 
 # ---------------------------------------------------------------- errors
@@ -174,22 +339,29 @@ def test_file_changed_names_the_file(fst_pkg, files, faults):
     assert e.filename == files["plain"] and str(e).startswith(files["plain"] + ": ")
 
 
-def test_os_errors_pickle(fst_pkg, tmp_path):
+def test_errors_pickle(fst_pkg, tmp_path):
     missing = str(tmp_path / "nope.safetensors")
     with pytest.raises(fst_pkg.NoSuchFileError) as ei:
         fst_pkg.Checkpoint(missing)
     back = pickle.loads(pickle.dumps(ei.value))
     assert type(back) is fst_pkg.NoSuchFileError and str(back) == str(ei.value)
     assert (back.errno, back.filename, back.code) == (errno.ENOENT, missing, -3)
+    e = fst_pkg.MissingDependencyError("tensor 'b' is BF16: ...", "ml_dtypes")
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is fst_pkg.MissingDependencyError and str(back) == str(e)
+    assert (back.name, back.code) == ("ml_dtypes", -6)
 
 
 def test_error_classes(fst_pkg):
     E = fst_pkg
     assert issubclass(E.NoSuchFileError, (E.FileError, FileNotFoundError))
     assert issubclass(E.FilePermissionError, (E.FileError, PermissionError))
+    assert issubclass(E.MissingDependencyError, ImportError)
+    assert issubclass(E.MissingDependencyError, E.UnsupportedError)
     assert issubclass(E.ArgumentTypeError, TypeError) and issubclass(E.ArgumentTypeError,
                                                                       E.UsageError)
-    for name in ("NoSuchFileError", "FilePermissionError", "ArgumentTypeError"):
+    for name in ("NoSuchFileError", "FilePermissionError", "MissingDependencyError",
+                 "ArgumentTypeError"):
         assert name in E.__all__
 
 
