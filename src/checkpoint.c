@@ -303,14 +303,17 @@ static int open_index(fst_checkpoint *c, const char *index_path, const char *dir
 {
 	if (!(c->index_path = fsti_strdup(index_path)))
 		return fsti_err(err, FST_ENOMEM, "out of memory");
+	/* Opened here rather than by json_load_file, which keeps no errno: the
+	 * caller tells a missing index from an unreadable one by sys_errno. */
+	FILE *fp = fopen(index_path, "rbe");
+	if (!fp)
+		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", index_path);
 	json_error_t jerr;
-	json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
-	if (!root) {
-		if (json_error_code(&jerr) == json_error_cannot_open_file)
-			return fsti_err(err, FST_EIO, "%s: cannot open: %s", index_path, jerr.text);
+	json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
+	fclose(fp);
+	if (!root)
 		return fsti_err(err, FST_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)",
 				index_path, jerr.text, jerr.line, jerr.column);
-	}
 	int rc = 0;
 	char **shards = NULL;
 	size_t nshards = 0;

@@ -7,6 +7,8 @@ docs/python.md.
 """
 from __future__ import annotations
 
+import errno as _errno
+import operator
 import os
 import sys
 from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
@@ -14,8 +16,9 @@ from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
 from . import _fst
 
 __all__ = [
-    "SafetensorError", "FormatError", "FileError", "OutOfMemoryError", "DeviceError",
-    "UnsupportedError", "CancelledError", "FileChangedError",
+    "SafetensorError", "UsageError", "ArgumentTypeError", "FormatError", "FileError",
+    "NoSuchFileError", "FilePermissionError", "OutOfMemoryError", "DeviceError",
+    "UnsupportedError", "MissingDependencyError", "CancelledError", "FileChangedError",
     "load_file", "load", "safe_open", "save_file", "save", "iter_tensors", "Checkpoint",
     "SafeTensorsFileLoader", "SingleGroup", "fastsafe_open", "trim", "__version__",
     "Comm", "load_sharded",
@@ -25,7 +28,7 @@ __version__ = _fst.version()
 
 
 class SafetensorError(Exception):
-    """Any failure reported by libfst; `code` is the FST_E* status."""
+    """Any failure reported by fst; `code` is the FST_E* status."""
 
     def __init__(self, message: str, code: int = 0):
         super().__init__(message)
@@ -36,13 +39,47 @@ class UsageError(SafetensorError, ValueError):
     """A bad argument (FST_EUSAGE)."""
 
 
+class ArgumentTypeError(UsageError, TypeError):
+    """An argument of the wrong type: a UsageError that is also the
+    TypeError Python callers expect for one."""
+
+
 class FormatError(SafetensorError, ValueError):
     """The input breaks a safetensors or index rule; the message names the
     file, the tensor and the rule (FST_EFORMAT)."""
 
 
-class FileError(SafetensorError, OSError):
-    """A file could not be read (FST_EIO)."""
+class _OSFailure(SafetensorError, OSError):
+    """What the fst errors that are OSErrors share: errno, strerror and
+    filename as OSError has them, and str() the fst message, which names the
+    file and what was being done (OSError's own str() would drop that)."""
+
+    def __init__(self, message: str, code: int = 0, errno: Optional[int] = None,
+                 filename: Optional[str] = None):
+        super().__init__(message, code)
+        if errno:
+            self.errno = errno
+            self.strerror = os.strerror(errno)
+        self.filename = filename
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):
+        return type(self), (str(self), self.code, self.errno, self.filename)
+
+
+class FileError(_OSFailure):
+    """A file could not be opened or read (FST_EIO); errno and filename say
+    which and why."""
+
+
+class NoSuchFileError(FileError, FileNotFoundError):
+    """A file that is not there (FST_EIO with ENOENT)."""
+
+
+class FilePermissionError(FileError, PermissionError):
+    """A file that may not be read (FST_EIO with EACCES or EPERM)."""
 
 
 class OutOfMemoryError(SafetensorError, MemoryError):
@@ -57,22 +94,53 @@ class UnsupportedError(SafetensorError, RuntimeError):
     """The platform cannot do what was asked (FST_EUNSUPPORTED)."""
 
 
+class MissingDependencyError(UnsupportedError, ImportError):
+    """A package the load needs cannot be imported: torch for
+    framework='pt', ml_dtypes for BF16 and float8 tensors in numpy. Raised
+    from the headers, before any tensor data is read; `name` is the package
+    to install."""
+
+    def __init__(self, message: str, package: Optional[str] = None):
+        super().__init__(message, -6)
+        self.name = package  # ImportError's: the module that is missing
+        self.msg = message
+
+    def __reduce__(self):
+        return type(self), (self.msg, self.name)
+
+
 class CancelledError(SafetensorError):
     """The load was cancelled (FST_ECANCELED)."""
 
 
-class FileChangedError(SafetensorError, OSError):
+class FileChangedError(_OSFailure):
     """A file changed while it was being read (FST_ECHANGED)."""
 
 
-_fst._set_errors(SafetensorError, {
+_BY_CODE = {
     -1: UsageError, -2: FormatError, -3: FileError, -4: OutOfMemoryError,
     -5: DeviceError, -6: UnsupportedError, -7: CancelledError, -9: FileChangedError,
-})
+}
+_BY_ERRNO = {_errno.ENOENT: NoSuchFileError, _errno.EACCES: FilePermissionError,
+             _errno.EPERM: FilePermissionError}
+
+
+def _error(message: str, code: int, sys_errno: int, filename: Optional[str]):
+    """The exception for a libfst failure (the extension calls it)."""
+    cls = _BY_CODE.get(code, SafetensorError)
+    if cls is FileError:
+        cls = _BY_ERRNO.get(sys_errno, FileError)
+    if issubclass(cls, _OSFailure):
+        return cls(message, code, sys_errno, filename)
+    return cls(message, code)
+
+
+_fst._set_errors(SafetensorError, _error)
 
 _IO = {"auto": 0, "pread": 1, "uring": 2, "mmap": 3}
 _GDS = {"auto": 0, "on": 1, "off": 2}
 _DL_INT, _DL_UINT = 0, 1
+_MAX_THREADS = 64  # libfst's limit (MAX_THREADS in src/engine.c)
 
 
 def trim() -> None:
@@ -80,17 +148,38 @@ def trim() -> None:
     _fst.trim()
 
 
+# ---- arguments: checked before anything is opened or read
+
+_DEVICES = "'cpu', 'cuda', 'cuda:N', an int N or a torch.device"
+
+
+def _is_int(value) -> bool:
+    return not isinstance(value, bool) and hasattr(type(value), "__index__")
+
+
 def _device(device) -> str:
     if device is None:
         return "cpu"
-    if isinstance(device, int):
-        return f"cuda:{device}"
-    s = str(device)
+    if _is_int(device):
+        n = operator.index(device)
+        if n < 0:
+            raise UsageError(f"device={device!r}: expected {_DEVICES}", -1)
+        return f"cuda:{n}"
+    if isinstance(device, str):
+        s = device
+    elif not isinstance(device, bool) and hasattr(device, "type") and hasattr(device, "index"):
+        s = str(device)  # torch.device, without importing torch
+    else:
+        raise ArgumentTypeError(f"device={device!r}: expected {_DEVICES}", -1)
     return "cuda:0" if s == "cuda" else s
 
 
-def _framework(framework: str) -> str:
-    f = (framework or "pt").lower()
+def _framework(framework) -> str:
+    if framework is None:
+        return "pt"
+    if not isinstance(framework, str):
+        raise ArgumentTypeError(f"framework={framework!r}: expected 'pt' or 'numpy'", -1)
+    f = framework.lower()
     if f in ("pt", "torch", "pytorch"):
         return "pt"
     if f in ("np", "numpy"):
@@ -98,7 +187,66 @@ def _framework(framework: str) -> str:
     raise UsageError(f"framework {framework!r}: expected 'pt' or 'numpy'", -1)
 
 
+def _choice(name: str, value, table: Dict[str, int]) -> int:
+    if isinstance(value, str) and value in table:
+        return table[value]
+    cls = UsageError if isinstance(value, str) else ArgumentTypeError
+    raise cls(f"{name}={value!r}: expected one of {sorted(table)}", -1)
+
+
+def _count(name: str, value, what: str, limit: int = 2 ** 64 - 1) -> int:
+    """A non-negative int argument; None is its default, 0."""
+    if value is None:
+        return 0
+    if not _is_int(value):
+        raise ArgumentTypeError(f"{name}={value!r}: expected an int, {what}", -1)
+    n = operator.index(value)
+    if not 0 <= n <= limit:
+        raise UsageError(f"{name}={value!r}: expected {what}", -1)
+    return n
+
+
+def _threads(threads, name: str = "threads") -> int:
+    return _count(name, threads,
+                  f"0 (one per CPU, at most 16) or 1..{_MAX_THREADS}", _MAX_THREADS)
+
+
+def _names(names) -> Optional[list]:
+    """names= as a list of str, read once (it may be a generator)."""
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes, bytearray)):
+        raise ArgumentTypeError(f"names={names!r}: expected an iterable of tensor names, not "
+                                f"one {type(names).__name__} (names=[{names!r}] for one tensor)",
+                                -1)
+    try:
+        out = list(names)
+    except TypeError:
+        raise ArgumentTypeError(f"names={names!r}: expected an iterable of tensor names",
+                                -1) from None
+    for i, n in enumerate(out):
+        if not isinstance(n, str):
+            raise ArgumentTypeError(f"names: item {i} is {n!r}: expected a tensor name (str)", -1)
+    return out
+
+
+_LOAD_OPTIONS = ("io", "threads", "staging_bytes", "chunk_bytes", "gds", "align", "names",
+                 "torch_allocator")
+
+
+def _check_options(where: str, options: dict) -> None:
+    """**options that are no load option would otherwise be dropped unseen."""
+    for k in options:
+        if k not in _LOAD_OPTIONS:
+            raise TypeError(f"{where}() got an unexpected keyword argument {k!r}")
+
+
 # ---- dtypes: DLPack carries the common ones; the rest are views
+
+# numpy has no dtype of its own for these: ml_dtypes gives them
+_ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+              "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz"}
+_TORCH_UNSIGNED = ("U16", "U32", "U64")  # torch >= 2.3
 
 
 def _torch_dtypes():
@@ -111,14 +259,24 @@ def _torch_dtypes():
     return {k: getattr(torch, v) for k, v in names.items() if hasattr(torch, v)}
 
 
+def _no_torch_dtype(name: str, dtype: str, torch) -> UnsupportedError:
+    return UnsupportedError(f"tensor {name!r}: {dtype} has no torch dtype in torch "
+                            f"{getattr(torch, '__version__', '?')} (torch >= 2.3 has it)", -6)
+
+
+def _no_ml_dtypes(name: str, dtype: str) -> MissingDependencyError:
+    return MissingDependencyError(f"tensor {name!r} is {dtype}: numpy needs ml_dtypes for it: "
+                                  "pip install ml_dtypes (or load with framework='pt')",
+                                  "ml_dtypes")
+
+
 def _to_torch(t: "_fst.Tensor"):
     import torch
     dtype = t.dtype
-    if dtype in ("U16", "U32", "U64"):
+    if dtype in _TORCH_UNSIGNED:
         wanted = _torch_dtypes().get(dtype)
         if wanted is None:
-            raise UnsupportedError(
-                f"tensor {t.name!r}: {dtype} has no torch dtype in torch {torch.__version__}", -6)
+            raise _no_torch_dtype(t.name, dtype, torch)
         bits = int(dtype[1:])
         return torch.from_dlpack(t.reinterpret(_DL_INT, bits)).view(wanted)
     if dtype.startswith("F8_"):
@@ -135,17 +293,14 @@ def _to_numpy(t: "_fst.Tensor"):
         raise UsageError(f"tensor {t.name!r} is on {t.device}: numpy arrays live on the CPU; "
                          "load with device='cpu' or framework='pt'", -1)
     dtype = t.dtype
-    if dtype == "BF16" or dtype in ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"):
+    if dtype in _ML_DTYPES:
         try:
             import ml_dtypes
         except ImportError:
-            raise UnsupportedError(
-                f"tensor {t.name!r}: numpy has no {dtype} dtype; install ml_dtypes or use "
-                "framework='pt'", -6) from None
-        name = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-                "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz"}[dtype]
+            raise _no_ml_dtypes(t.name, dtype) from None
         bits = 16 if dtype == "BF16" else 8
-        return np.from_dlpack(t.reinterpret(_DL_UINT, bits)).view(getattr(ml_dtypes, name))
+        return np.from_dlpack(t.reinterpret(_DL_UINT, bits)).view(getattr(ml_dtypes,
+                                                                          _ML_DTYPES[dtype]))
     return np.from_dlpack(t)
 
 
@@ -155,6 +310,43 @@ def _check_target(device: str, framework: str) -> None:
     if framework == "numpy" and device.startswith("cuda"):
         raise UsageError(f"device {device!r} with framework='numpy': numpy arrays live on the "
                          "CPU; load with device='cpu' or framework='pt'", -1)
+
+
+def _need_torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise MissingDependencyError(f"framework='pt' needs torch: pip install torch "
+                                     f"(import torch: {e})", "torch") from e
+    return torch
+
+
+def _check_dtypes(framework: str, cks: Sequence["Checkpoint"], names: Optional[list]) -> None:
+    """From the headers alone, refuse a load whose tensors could not be
+    handed out, so that it fails before reading them rather than after:
+    BF16 and float8 in numpy need ml_dtypes, unsigned ints in torch need
+    torch >= 2.3. Only the tensors that will be loaded count (names=)."""
+    if framework == "pt":
+        torch = _need_torch()
+        missing = {d for d in _TORCH_UNSIGNED if not hasattr(torch, "uint" + d[1:])}
+        if not missing:
+            return
+    else:
+        try:
+            import ml_dtypes  # noqa: F401
+            return
+        except ImportError:
+            missing = set(_ML_DTYPES)
+    wanted = None if names is None else set(names)
+    for ck in cks:
+        for name in ck.keys():
+            if wanted is not None and name not in wanted:
+                continue
+            dtype = ck._ck.info(name)[0]
+            if dtype in missing:
+                if framework == "pt":
+                    raise _no_torch_dtype(name, dtype, torch)
+                raise _no_ml_dtypes(name, dtype)
 
 
 def _convert(t: "_fst.Tensor", framework: str):
@@ -175,21 +367,42 @@ def _torch_allocator(device: str):
     return (alloc, free)
 
 
-def _load_kwargs(device, framework, io, threads, staging_bytes, chunk_bytes, gds, align,
-                 names, torch_allocator):
+def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk_bytes=0,
+                 gds="auto", align=0, names=None, torch_allocator=True):
+    """The low-level load's keyword arguments, every one checked; the
+    allocator is added by _prepare, once torch is known to be there."""
     dev = _device(device)
     _check_target(dev, framework)
-    if io not in _IO:
-        raise UsageError(f"io={io!r}: expected one of {sorted(_IO)}", -1)
-    if gds not in _GDS:
-        raise UsageError(f"gds={gds!r}: expected one of {sorted(_GDS)}", -1)
-    kw = dict(device=dev, io=_IO[io], threads=int(threads or 0),
-              staging_bytes=int(staging_bytes or 0), chunk_bytes=int(chunk_bytes or 0),
-              gds=_GDS[gds], align=int(align or 0))
+    kw = dict(device=dev, io=_choice("io", io, _IO), threads=_threads(threads),
+              staging_bytes=_count("staging_bytes", staging_bytes,
+                                   "a byte count >= 0 (0: libfst's default)"),
+              chunk_bytes=_count("chunk_bytes", chunk_bytes,
+                                 "a byte count >= 0 (0: libfst's default)"),
+              gds=_choice("gds", gds, _GDS),
+              align=_count("align", align, "a power of two, or 0 for 256", 2 ** 31))
+    names = _names(names)
     if names is not None:
-        kw["names"] = list(names)
-    if torch_allocator and framework == "pt" and dev.startswith("cuda"):
-        kw["allocator"] = _torch_allocator(dev)
+        kw["names"] = names
+    kw["torch_allocator"] = bool(torch_allocator)
+    return kw
+
+
+def _prepare(where: str, cks: Sequence["Checkpoint"], framework: str, kw: dict) -> dict:
+    """What every load does after opening its checkpoints and before reading
+    any tensor data: the names exist, the framework can take the tensors.
+    Returns kw for the low-level load."""
+    names = kw.get("names")
+    if names is not None:
+        # a typo should fail here, not later as a missing key
+        unknown = [n for n in names if all(ck._ck.info(n) is None for ck in cks)]
+        if unknown:
+            raise UsageError(f"{where}: no tensor named {unknown[0]!r}"
+                             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""),
+                             -1)
+    _check_dtypes(framework, cks, names)
+    kw = dict(kw)
+    if kw.pop("torch_allocator") and framework == "pt" and kw["device"].startswith("cuda"):
+        kw["allocator"] = _torch_allocator(kw["device"])
     return kw
 
 
@@ -218,6 +431,10 @@ class Checkpoint:
         return i[0], i[1], i[2]
 
 
+def _open(path) -> Checkpoint:
+    return path if isinstance(path, Checkpoint) else Checkpoint(path)
+
+
 def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_bytes=0,
          chunk_bytes=0, gds="auto", align=0, names: Optional[Iterable[str]] = None,
          torch_allocator=True) -> Dict[str, object]:
@@ -226,15 +443,15 @@ def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_by
     fw = _framework(framework)
     kw = _load_kwargs(device, fw, io, threads, staging_bytes, chunk_bytes, gds, align, names,
                       torch_allocator)
-    ck = path if isinstance(path, Checkpoint) else Checkpoint(path)
-    if names is not None:
-        # a typo should fail here, not later as a missing key
-        unknown = [n for n in kw["names"] if ck._ck.info(n) is None]
-        if unknown:
-            raise UsageError(f"{ck.path}: no tensor named {unknown[0]!r}"
-                             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""), -1)
+    if fw == "pt":
+        _need_torch()  # before the file: without torch nothing of it can be used
+    ck = _open(path)
+    return _load_prepared(ck, fw, _prepare(ck.path, [ck], fw, kw))
+
+
+def _load_prepared(ck: Checkpoint, framework: str, kw: dict) -> Dict[str, object]:
     buf = _fst.load(ck._ck, **kw)
-    return {name: _convert(buf.tensor(name), fw) for name in buf.names()}
+    return {name: _convert(buf.tensor(name), framework) for name in buf.names()}
 
 
 def load_file(filename, device="cpu", framework="pt", **options) -> Dict[str, object]:
@@ -260,9 +477,12 @@ class _Slice:
 class safe_open:
     """Like safetensors.safe_open: keys(), get_tensor(), get_slice(),
     metadata(). The first get_tensor loads the whole checkpoint with the
-    fast path onto `device`; later calls return views of it."""
+    fast path onto `device`; later calls return views of it. What the load
+    needs (torch, ml_dtypes, the options' values) is checked then, before
+    anything is read: keys() and metadata() need none of it."""
 
     def __init__(self, filename, framework="pt", device="cpu", **options):
+        _check_options("safe_open", options)
         self._fw = _framework(framework)
         self._device = _device(device)
         _check_target(self._device, self._fw)
@@ -302,17 +522,23 @@ class safe_open:
 def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framework="pt",
                  progress=False, **options) -> Iterator[Tuple[str, object]]:
     """Yield (name, tensor) as tensors become ready, checkpoint after
-    checkpoint; with progress=True and tqdm installed, show a bar."""
+    checkpoint; with progress=True and tqdm installed, show a bar. Every
+    path is opened and every check made when the iteration starts, before
+    the first tensor is read."""
+    _check_options("iter_tensors", options)
     fw = _framework(framework)
-    _check_target(_device(device), fw)
-    if isinstance(paths, (str, os.PathLike)):
+    kw = _load_kwargs(device, fw, **options)
+    if fw == "pt":
+        _need_torch()
+    if isinstance(paths, (str, bytes, os.PathLike, Checkpoint)):
         paths = [paths]
-    cks = [Checkpoint(p) for p in paths]
+    cks = [_open(p) for p in paths]
+    kw = _prepare(", ".join(ck.path for ck in cks) or "iter_tensors", cks, fw, kw)
     bar = None
     if progress:
         try:
             from tqdm import tqdm
-            wanted = options.get("names")
+            wanted = kw.get("names")
             wanted = None if wanted is None else set(wanted)
             total = 0
             for ck in cks:
@@ -322,10 +548,6 @@ def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framewo
             bar = None
     try:
         for ck in cks:
-            kw = _load_kwargs(device, fw, options.get("io", "auto"), options.get("threads", 0),
-                              options.get("staging_bytes", 0), options.get("chunk_bytes", 0),
-                              options.get("gds", "auto"), options.get("align", 0),
-                              options.get("names"), options.get("torch_allocator", True))
             loader = _fst.start(ck._ck, **kw)
             try:
                 while True:
@@ -487,11 +709,13 @@ class SafeTensorsFileLoader:
                  nogds=False, set_numa=True, disable_cache=True, debug_log=False,
                  framework="pytorch", **ignored):
         self.pg = pg if pg is not None else SingleGroup()
-        self._device = _device(device)
-        self._options = dict(threads=max_threads, staging_bytes=int(bbuf_size_kb) * 1024,
-                             gds="off" if nogds else "auto")
         self._framework = _framework(framework)
-        _check_target(self._device, self._framework)
+        kib = _count("bbuf_size_kb", bbuf_size_kb, "a size in KiB >= 0 (0: libfst's default)",
+                     (2 ** 64 - 1) // 1024)
+        self._kw = _load_kwargs(device, self._framework, threads=_threads(max_threads,
+                                                                          "max_threads"),
+                                staging_bytes=kib * 1024, gds="off" if nogds else "auto")
+        self._device = self._kw["device"]
         self._files: Dict[int, list] = {}
 
     def add_filenames(self, filenames: Dict[int, Sequence[str]]):
@@ -524,16 +748,22 @@ class SafeTensorsFileLoader:
 
     def copy_files_to_device(self, dtype=None, use_buf_register=True,
                              max_copy_block_size=0) -> FilesBufferOnDevice:
+        if self._framework == "pt":
+            _need_torch()
+        # every file is opened and checked before the first is read
+        opened = list(self._checkpoints())
         tensors, owners, where, shapes = {}, {}, {}, {}
-        for rank, lidx, f, ck in self._checkpoints():
+        for rank, lidx, f, ck in opened:
             for k in ck.keys():
                 if k in where:
                     raise UsageError(f"FilesBufferOnDevice: key {k} must be unique among files "
                                      f"({owners[k]} and {f})", -1)
                 where[k], owners[k] = (rank, lidx), f
                 shapes[k] = list(ck.info(k)[1])
-            loaded = load(ck, self._device, framework=self._framework, **self._options)
-            for k, v in loaded.items():
+        kw = _prepare("copy_files_to_device", [ck for _, _, _, ck in opened], self._framework,
+                      self._kw)
+        for _, _, _, ck in opened:
+            for k, v in _load_prepared(ck, self._framework, kw).items():
                 tensors[k] = _convert_to(v, None, dtype)
         return FilesBufferOnDevice(tensors, owners, self.pg, where, shapes)
 
@@ -618,13 +848,24 @@ def load_sharded(path, comm: Comm, dims: Optional[Dict[str, Optional[int]]] = No
     passed as stats receives "describe" (with the bytes this rank read from
     storage) and "bytes" (this rank's tensor bytes)."""
     fw = _framework(framework)
-    ck = path if isinstance(path, Checkpoint) else Checkpoint(path)
-    dims = dims or {}
-    table = [(-1 if dims.get(n) is None else int(dims[n])) for n in ck.keys()]
-    if io not in _IO:
-        raise UsageError(f"io={io!r}: expected one of {sorted(_IO)}", -1)
-    buf = _fst.load_sharded(ck._ck, comm._comm, table, io=_IO[io], threads=int(threads or 0),
-                            staging_bytes=int(staging_bytes or 0))
+    # the tensors land on comm's GPU, where numpy cannot take them
+    _check_target(f"cuda:{getattr(comm, 'device', 0)}", fw)
+    io_code = _choice("io", io, _IO)
+    nthreads = _threads(threads)
+    staging = _count("staging_bytes", staging_bytes, "a byte count >= 0 (0: libfst's default)")
+    dims = {} if dims is None else dims
+    if not hasattr(dims, "get") or not hasattr(dims, "items"):
+        raise ArgumentTypeError(f"dims={dims!r}: expected a dict of tensor name to a dimension "
+                                "(int) or None", -1)
+    for k, v in dims.items():
+        if v is not None and not _is_int(v):
+            raise ArgumentTypeError(f"dims[{k!r}]={v!r}: expected a dimension (int) or None", -1)
+    _need_torch()  # before the file, as load does
+    ck = _open(path)
+    _check_dtypes(fw, [ck], None)
+    table = [(-1 if dims.get(n) is None else operator.index(dims[n])) for n in ck.keys()]
+    buf = _fst.load_sharded(ck._ck, comm._comm, table, io=io_code, threads=nthreads,
+                            staging_bytes=staging)
     if stats is not None:
         stats["describe"] = buf.describe()  # says the bytes this rank read
         stats["bytes"] = buf.nbytes()

@@ -57,26 +57,108 @@ typedef struct DLManagedTensorVersioned {
 
 enum { DL_INT = 0, DL_UINT = 1, DL_FLOAT = 2, DL_BFLOAT = 4, DL_COMPLEX = 5, DL_BOOL = 6 };
 
-static PyObject *FstError; /* fst.SafetensorError's C base: set from Python */
-static PyObject *error_classes; /* dict: status code -> exception class */
+static PyObject *FstError; /* fst.SafetensorError, until there is an error_factory */
+static PyObject *error_factory; /* fst's (message, code, errno, filename) -> exception */
+
+static bool starts_with_path(const char *msg, const char *p, size_t n)
+{
+	return !strncmp(msg, p, n) && msg[n] == ':' && msg[n + 1] == ' ';
+}
+
+/*
+ * The file a failure is about, for OSError.filename, or NULL. libfst's
+ * messages start with "PATH: "; matching the paths that can stand there,
+ * longest first, keeps a ": " inside a path from cutting it short. A shard
+ * that failed while its directory or index was being opened is in no
+ * handle yet: it lies under `path` (a directory) or next to it (an index),
+ * and its name is taken to end at the first ": " after that prefix.
+ */
+static const char *failed_file(const char *msg, const fst_checkpoint *ck, const char *path,
+			       size_t *len)
+{
+	const char *best = NULL;
+	size_t blen = 0;
+	const char *cand[3] = {path, ck ? fst_checkpoint_path(ck) : NULL,
+			       ck ? fst_checkpoint_index_path(ck) : NULL};
+	for (size_t i = 0; i < 3; i++) {
+		size_t n = cand[i] ? strlen(cand[i]) : 0;
+		if (n > blen && starts_with_path(msg, cand[i], n)) {
+			best = msg;
+			blen = n;
+		}
+	}
+	for (size_t i = 0; ck && i < fst_checkpoint_file_count(ck); i++) {
+		const char *f = fst_file_path(fst_checkpoint_file(ck, i));
+		size_t n = strlen(f);
+		if (n > blen && starts_with_path(msg, f, n)) {
+			best = msg;
+			blen = n;
+		}
+	}
+	if (!best && path && *path) {
+		size_t n = strlen(path);
+		const char *slash = strrchr(path, '/');
+		size_t base = 0;
+		if (!strncmp(msg, path, n) && (msg[n] == '/' || path[n - 1] == '/'))
+			base = n; /* a shard of the directory `path` */
+		else if (slash && !strncmp(msg, path, (size_t)(slash - path) + 1))
+			base = (size_t)(slash - path) + 1; /* a shard next to the index `path` */
+		else if (!slash && !strncmp(msg, "./", 2))
+			base = 2; /* next to an index in the working directory */
+		const char *end = base ? strstr(msg + base, ": ") : NULL;
+		if (end) {
+			best = msg;
+			blen = (size_t)(end - msg);
+		}
+	}
+	*len = blen;
+	return best;
+}
+
+/*
+ * Raise the fst exception for a libfst failure. fst builds it (its class
+ * also depends on errno: a missing file is a FileNotFoundError too), from
+ * the message, the status, the errno and, for file errors, the file named
+ * (ck and path say which files can be named; both may be NULL).
+ */
+static PyObject *raise_fst_at(int code, const fst_error *err, const fst_checkpoint *ck,
+			      const char *path)
+{
+	const char *msg = err && err->message[0] ? err->message : fst_strerror(code);
+	int sys_errno = err && err->message[0] ? err->sys_errno : 0;
+	/* a path in the message need not be UTF-8 */
+	PyObject *pmsg = PyUnicode_DecodeFSDefault(msg);
+	PyObject *file = NULL;
+	if (pmsg && (code == FST_EIO || code == FST_ECHANGED)) {
+		size_t n;
+		const char *f = failed_file(msg, ck, path, &n);
+		file = f ? PyUnicode_DecodeFSDefaultAndSize(f, (Py_ssize_t)n) : Py_NewRef(Py_None);
+	} else if (pmsg) {
+		file = Py_NewRef(Py_None);
+	}
+	if (!file) {
+		Py_XDECREF(pmsg);
+		return NULL;
+	}
+	PyObject *exc = NULL;
+	if (error_factory) {
+		exc = PyObject_CallFunction(error_factory, "OiiO", pmsg, code, sys_errno, file);
+	} else {
+		PyObject *cls = FstError ? FstError : PyExc_RuntimeError;
+		exc = PyObject_CallFunction(cls, "Oi", pmsg, code);
+	}
+	Py_DECREF(pmsg);
+	Py_DECREF(file);
+	if (exc) {
+		PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+		Py_DECREF(exc);
+	}
+	return NULL;
+}
 
 static PyObject *raise_fst(int code, const fst_error *err)
 {
-	PyObject *cls = NULL;
-	if (error_classes) {
-		PyObject *key = PyLong_FromLong(code);
-		cls = key ? PyDict_GetItem(error_classes, key) : NULL; /* borrowed */
-		Py_XDECREF(key);
-	}
-	if (!cls)
-		cls = FstError ? FstError : PyExc_RuntimeError;
-	PyObject *args = Py_BuildValue("(si)", err && err->message[0] ? err->message
-								  : fst_strerror(code), code);
-	if (args) {
-		PyErr_SetObject(cls, args);
-		Py_DECREF(args);
-	}
-	return NULL;
+	return raise_fst_at(code, err, NULL, NULL);
 }
 
 /* ---- Checkpoint */
@@ -104,12 +186,10 @@ static int Checkpoint_init(CheckpointObject *self, PyObject *args, PyObject *kw)
 	Py_BEGIN_ALLOW_THREADS
 	rc = fst_checkpoint_open(path, &self->ck, &err);
 	Py_END_ALLOW_THREADS
+	if (rc)
+		raise_fst_at(rc, &err, NULL, path);
 	Py_DECREF(pathobj);
-	if (rc) {
-		raise_fst(rc, &err);
-		return -1;
-	}
-	return 0;
+	return rc ? -1 : 0;
 }
 
 static PyObject *Checkpoint_keys(CheckpointObject *self, PyObject *unused)
@@ -822,7 +902,7 @@ static PyObject *mod_load(PyObject *mod, PyObject *args, PyObject *kw)
 	Py_END_ALLOW_THREADS
 	free_load_args(&la);
 	if (rc)
-		return raise_fst(rc, &err);
+		return raise_fst_at(rc, &err, ck->ck, NULL);
 	return wrap_buffer(buf);
 }
 
@@ -873,9 +953,14 @@ static PyObject *mod_start(PyObject *mod, PyObject *args, PyObject *kw)
 	Py_END_ALLOW_THREADS
 	if (rc) {
 		Py_DECREF(self);
-		return raise_fst(rc, &err);
+		return raise_fst_at(rc, &err, ck->ck, NULL);
 	}
 	return (PyObject *)self;
+}
+
+static const fst_checkpoint *loader_checkpoint(LoaderObject *self)
+{
+	return self->checkpoint ? ((CheckpointObject *)self->checkpoint)->ck : NULL;
 }
 
 /* The next ready tensor, or None when all were handed out. */
@@ -893,7 +978,7 @@ static PyObject *Loader_next(LoaderObject *self, PyObject *unused)
 	rc = fst_loader_next(self->ld, &v, &err);
 	Py_END_ALLOW_THREADS
 	if (rc < 0)
-		return raise_fst(rc, &err);
+		return raise_fst_at(rc, &err, loader_checkpoint(self), NULL);
 	if (rc == 0)
 		Py_RETURN_NONE;
 	return make_tensor(&v);
@@ -932,7 +1017,7 @@ static PyObject *Loader_finish(LoaderObject *self, PyObject *unused)
 	rc = fst_loader_finish(ld, &buf, &err);
 	Py_END_ALLOW_THREADS
 	if (rc)
-		return raise_fst(rc, &err);
+		return raise_fst_at(rc, &err, loader_checkpoint(self), NULL);
 	return wrap_buffer(buf);
 }
 
@@ -1071,7 +1156,7 @@ static PyObject *mod_load_sharded(PyObject *mod, PyObject *args, PyObject *kw)
 	Py_END_ALLOW_THREADS
 	free(dims);
 	if (rc)
-		return raise_fst(rc, &err);
+		return raise_fst_at(rc, &err, ck->ck, NULL);
 	return wrap_buffer(buf);
 }
 
@@ -1165,7 +1250,7 @@ static PyObject *mod_save(PyObject *mod, PyObject *args)
 	result = Py_None;
 	goto out;
 fail:
-	raise_fst(rc, &err);
+	raise_fst_at(rc, &err, NULL, PyBytes_AS_STRING(pathobj));
 out:
 	for (Py_ssize_t i = 0; i < nviews; i++)
 		PyBuffer_Release(&views[i]);
@@ -1179,11 +1264,15 @@ out:
 static PyObject *mod_set_errors(PyObject *mod, PyObject *args)
 {
 	(void)mod;
-	PyObject *base, *classes;
-	if (!PyArg_ParseTuple(args, "OO!", &base, &PyDict_Type, &classes))
+	PyObject *base, *factory;
+	if (!PyArg_ParseTuple(args, "OO", &base, &factory))
 		return NULL;
+	if (!PyCallable_Check(factory)) {
+		PyErr_SetString(PyExc_TypeError, "_set_errors(base, factory): factory must be callable");
+		return NULL;
+	}
 	Py_XSETREF(FstError, Py_NewRef(base));
-	Py_XSETREF(error_classes, Py_NewRef(classes));
+	Py_XSETREF(error_factory, Py_NewRef(factory));
 	Py_RETURN_NONE;
 }
 

@@ -2,16 +2,19 @@
  * order), a directory with model.safetensors.index.json and an index path;
  * and every index rule: missing shard, mapped tensor absent from its shard,
  * a tensor in two shards, no shards at all, shard names leaving the
- * directory, malformed index JSON, an empty weight_map, unmapped tensors
- * kept and unlisted shards reported with a warning; and "-K-of-N" shard
- * sets that must be complete, with or without an index. Shards are written with fst_writer. */
+ * directory, malformed index JSON, an index that cannot be opened, an
+ * empty weight_map, unmapped tensors kept and unlisted shards reported with
+ * a warning; and "-K-of-N" shard sets that must be complete, with or
+ * without an index. Shards are written with fst_writer. */
 #include "helpers.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static void assert_has(const char *msg, const char *sub)
 {
@@ -548,6 +551,24 @@ static void test_malformed_index(void **state)
 	}
 }
 
+static void test_index_cannot_open(void **state)
+{
+	(void)state;
+	/* A dangling link: listed by the directory, refused by open, even to
+	 * root (whom a mode of 000 would not stop). */
+	const char *dir = make_dir("index-dangling");
+	write_shard(join(dir, "s1.safetensors"), (const char *const[]){"a", NULL});
+	char *index = join(dir, "model.safetensors.index.json");
+	assert_int_equal(symlink("no-such-index.json", index), 0);
+	fst_checkpoint *c = (fst_checkpoint *)1;
+	fst_error err;
+	assert_int_equal(fst_checkpoint_open(dir, &c, &err), FST_EIO);
+	assert_null(c);
+	assert_int_equal(err.sys_errno, ENOENT);
+	assert_has(err.message, index);
+	assert_has(err.message, "cannot open");
+}
+
 static void test_bad_shard_file(void **state)
 {
 	(void)state;
@@ -614,6 +635,7 @@ int main(void)
 		cmocka_unit_test(test_shard_outside_directory),
 		cmocka_unit_test(test_shard_is_directory),
 		cmocka_unit_test(test_malformed_index),
+		cmocka_unit_test(test_index_cannot_open),
 		cmocka_unit_test(test_bad_shard_file),
 		cmocka_unit_test(test_from_files),
 	};
