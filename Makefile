@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test demo fuzz sanitize tsan clean python test-gpu
+.PHONY: all deps test demo fuzz sanitize tsan clean python test-gpu test-engines
 
 all: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -29,7 +29,7 @@ test: deps
 sanitize: deps
 	cmake -S . -B $(BUILD)-asan -G Ninja -DFST_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
 	cmake --build $(BUILD)-asan -j $(JOBS)
-	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -E '^python$$'
+	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -E '^(python|engines)$$'
 
 # The concurrent tests (unit.test_stress, unit.test_engine) built with
 # ThreadSanitizer; tests/tsan.supp says what is suppressed and why.
@@ -63,3 +63,9 @@ test-gpu: deps
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-tsan
+
+# The engines tier alone (vLLM's and transformers' own classes; needs the
+# venv scripts/install-deps.sh makes).
+test-engines: deps
+	@$(MAKE) --no-print-directory all
+	bash tests/engines/run.sh $(BUILD)

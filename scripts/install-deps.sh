@@ -45,3 +45,21 @@ if ((${#ndmissing[@]})); then
 	PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check --no-deps "${ndmissing[@]}" ||
 		PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check --no-deps --break-system-packages "${ndmissing[@]}"
 fi
+
+# The engines tier (tests/engines): fst inside vLLM's and transformers' own
+# code. vLLM pins its torch and transformers, so they live in a venv of their
+# own, outside the checkout so that every clone shares it (about 10 GB,
+# 8 minutes to make the first time). FST_ENGINES=0 skips it; its tests then
+# skip, saying so.
+ENGINES_VENV=${FST_ENGINES_VENV:-/opt/fst-engines}
+ENGINES_PACKAGES=(vllm==0.33.0 pytest)
+if [ "${FST_ENGINES:-1}" != 0 ]; then
+	stamp="$ENGINES_VENV/.fst-engines"
+	if [ "$(cat "$stamp" 2>/dev/null)" != "${ENGINES_PACKAGES[*]}" ]; then
+		echo "install-deps: making the engines venv $ENGINES_VENV (${ENGINES_PACKAGES[*]})"
+		"$PY" -m venv "$ENGINES_VENV"
+		PIP_ROOT_USER_ACTION=ignore "$ENGINES_VENV/bin/python" -m pip install -q \
+			--disable-pip-version-check "${ENGINES_PACKAGES[@]}"
+		echo "${ENGINES_PACKAGES[*]}" >"$stamp"
+	fi
+fi
