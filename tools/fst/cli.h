@@ -61,6 +61,11 @@ void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *opts);
 /* Apply FST_FAULT from the environment, failing loudly on a bad spec. */
 int cli_check_fault_env(const char *cmd);
+/* The end of every command (main.c): flush and close stdout, and turn a
+ * write that failed (a full disk, a closed pipe with SIGPIPE ignored) into
+ * EXIT_IO with the reason on stderr, so lost output is never success. An
+ * earlier failure's code is kept. Nothing may write to stdout after it. */
+int cli_finish_output(const char *cmd, int rc);
 /* Peak resident set size of this process, bytes. */
 uint64_t cli_peak_rss(void);
 

