@@ -131,3 +131,53 @@ def test_sigpipe_default_still_kills(small):
     r = run_shell(f'set -o pipefail; "$FST" inspect {paths} | head -c 10 >/dev/null; '
                   f'echo "rc=$?"')
     assert "rc=141" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_manifest_to_dev_full(small):
+    """A manifest that is not a regular file is written in place (renaming
+    over /dev/full would replace the device): ENOSPC is exit 4."""
+    if not os.path.exists(DEV_FULL):
+        pytest.skip("no /dev/full")
+    r = fst("verify", small, "--manifest", DEV_FULL)
+    assert r.returncode == 4, r.stderr
+    assert f"{DEV_FULL}: cannot write the manifest: No space left on device" in r.stderr
+    assert os.path.exists(DEV_FULL) and not os.path.isfile(DEV_FULL)
+
+
+def test_failed_manifest_leaves_the_old_one(small, tmp_path):
+    """A write that fails midway (the file size limit: EFBIG, SIGXFSZ
+    ignored) leaves the earlier manifest whole and no temporary file."""
+    man = tmp_path / "m.json"
+    man.write_text('{"old": true}\n')
+    os.chmod(man, 0o640)
+    r = run_shell(f'trap "" XFSZ; ulimit -f 4; exec "$FST" verify {shlex.quote(str(small))} '
+                  f'--manifest {shlex.quote(str(man))}')
+    assert r.returncode == 4, r.stderr
+    assert f"{man}: cannot write the manifest: File too large" in r.stderr
+    assert man.read_text() == '{"old": true}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
+    # the same without the limit replaces it, keeping its mode
+    r = fst("verify", small, "--manifest", man)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(man.read_text())["format"] == "fst-manifest-1"
+    assert os.stat(man).st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
+
+
+def test_manifest_through_a_symlink(small, tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    r = fst("verify", small, "--manifest", link)
+    assert r.returncode == 0, r.stderr
+    assert link.is_symlink()
+    assert json.loads(real.read_text())["format"] == "fst-manifest-1"
+
+
+def test_new_manifest_mode_follows_umask(small, tmp_path):
+    man = tmp_path / "new.json"
+    r = run_shell(f'umask 027; exec "$FST" verify {shlex.quote(str(small))} '
+                  f'--manifest {shlex.quote(str(man))} >/dev/null')
+    assert r.returncode == 0, r.stderr
+    assert os.stat(man).st_mode & 0o777 == 0o640

@@ -4,6 +4,7 @@
 
 #include "fst.h"
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -66,6 +67,12 @@ int cli_check_fault_env(const char *cmd);
  * EXIT_IO with the reason on stderr, so lost output is never success. An
  * earlier failure's code is kept. Nothing may write to stdout after it. */
 int cli_finish_output(const char *cmd, int rc);
+/* Write doc (json_dumpf flags) and a newline to the file path: into a
+ * temporary file beside it, synced and renamed over it, so that a failed
+ * write leaves the old file (or none), never a truncated one; a path that
+ * is not a regular file (/dev/stdout, a FIFO) is written in place. Returns
+ * 0 or the errno value of the failure. */
+int cli_write_json_file(const char *path, const json_t *doc, size_t flags);
 /* Peak resident set size of this process, bytes. */
 uint64_t cli_peak_rss(void);
 

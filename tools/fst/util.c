@@ -7,8 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int cli_exit_code(int status)
 {
@@ -192,6 +195,76 @@ int cli_finish_output(const char *cmd, int rc)
 	else
 		cli_error(cmd, "writing standard output failed");
 	return rc == EXIT_OK ? EXIT_IO : rc;
+}
+
+/* Dump doc and a newline to f and flush it; 0 or an errno value. */
+static int dump(const json_t *doc, size_t flags, FILE *f)
+{
+	errno = 0;
+	if (!json_dumpf(doc, f, flags) && fputc('\n', f) != EOF && !fflush(f) && !ferror(f))
+		return 0;
+	/* no write error: the dump itself failed, for want of memory */
+	return !ferror(f) ? ENOMEM : errno ? errno : EIO;
+}
+
+int cli_write_json_file(const char *path, const json_t *doc, size_t flags)
+{
+	/* Not a regular file (/dev/stdout, a FIFO, /dev/full): written in
+	 * place, since renaming over it would replace the device or pipe. A
+	 * symbolic link is followed, so the file it names is replaced. */
+	struct stat st;
+	bool exists = stat(path, &st) == 0;
+	if (exists && !S_ISREG(st.st_mode)) {
+		FILE *f = fopen(path, "w");
+		if (!f)
+			return errno;
+		int rc = dump(doc, flags, f);
+		if (fclose(f) && !rc)
+			rc = errno ? errno : EIO;
+		return rc;
+	}
+	char *target = exists ? realpath(path, NULL) : strdup(path);
+	if (!target)
+		return errno;
+	size_t len = strlen(target) + sizeof ".tmp.XXXXXX";
+	char *tmp = malloc(len);
+	if (!tmp) {
+		free(target);
+		return ENOMEM;
+	}
+	snprintf(tmp, len, "%s.tmp.XXXXXX", target);
+	int fd = mkstemp(tmp);
+	if (fd < 0) {
+		int e = errno;
+		free(tmp);
+		free(target);
+		return e;
+	}
+	/* mkstemp makes it 0600: give it the mode a plain fopen would have, or
+	 * that of the file it replaces */
+	mode_t mask = umask(0);
+	umask(mask);
+	int rc = fchmod(fd, exists ? st.st_mode & 07777 : 0666 & ~mask) ? errno : 0;
+	FILE *f = rc ? NULL : fdopen(fd, "w");
+	if (!f) {
+		rc = rc ? rc : errno;
+		close(fd);
+	} else {
+		/* flushed to the disk before the rename, so a crash leaves the
+		 * old file or the whole new one */
+		rc = dump(doc, flags, f);
+		if (!rc && fsync(fd))
+			rc = errno;
+		if (fclose(f) && !rc)
+			rc = errno ? errno : EIO;
+	}
+	if (!rc && rename(tmp, target))
+		rc = errno;
+	if (rc)
+		unlink(tmp);
+	free(tmp);
+	free(target);
+	return rc;
 }
 
 uint64_t cli_peak_rss(void)

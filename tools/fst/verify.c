@@ -73,9 +73,12 @@ static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *m
 				      "files", json_incref(files), "tensors", json_incref(tensors),
 				      "tree_block", (json_int_t)CLI_TREE_BLOCK, "trees",
 				      json_incref(trees));
-		if (!m || json_dump_file(m, manifest, JSON_INDENT(1) | JSON_SORT_KEYS)) {
-			cli_error("verify", "%s: cannot write the manifest", manifest);
-			rc = EXIT_IO;
+		int e = m ? cli_write_json_file(manifest, m, JSON_INDENT(1) | JSON_SORT_KEYS)
+			  : ENOMEM;
+		if (e) {
+			cli_error("verify", "%s: cannot write the manifest: %s", manifest,
+				  strerror(e));
+			rc = e == ENOMEM ? EXIT_NOMEM : EXIT_IO;
 		}
 		json_decref(m);
 	}
