@@ -62,6 +62,9 @@ void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *opts);
 /* Apply FST_FAULT from the environment, failing loudly on a bad spec. */
 int cli_check_fault_env(const char *cmd);
+/* The start of every command (main.c): stdout through a stream that keeps
+ * the errno of its first failed write, for cli_finish_output's message. */
+void cli_init_output(void);
 /* The end of every command (main.c): flush and close stdout, and turn a
  * write that failed (a full disk, a closed pipe with SIGPIPE ignored) into
  * EXIT_IO with the reason on stderr, so lost output is never success. An

@@ -26,6 +26,7 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+	cli_init_output();
 	if (argc < 2) {
 		usage(stderr);
 		return EXIT_USAGE;

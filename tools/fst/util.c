@@ -171,20 +171,55 @@ int cli_check_fault_env(const char *cmd)
 	return EXIT_OK;
 }
 
+/* The errno of the first failed write to standard output. stdio does not
+ * keep it: once a write fails, the flush at the end may find an empty
+ * buffer and succeed, leaving only the error flag. */
+static int out_errno;
+static bool out_wrapped;
+
+static ssize_t out_write(void *cookie, const char *buf, size_t n)
+{
+	(void)cookie;
+	for (size_t done = 0; done < n;) {
+		ssize_t w = write(STDOUT_FILENO, buf + done, n - done);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			if (!out_errno)
+				out_errno = w < 0 ? errno : EIO;
+			return -1;
+		}
+		done += (size_t)w;
+	}
+	return (ssize_t)n;
+}
+
+void cli_init_output(void)
+{
+	cookie_io_functions_t io = {.write = out_write};
+	FILE *f = fopencookie(NULL, "w", io);
+	if (!f)
+		return; /* the plain stream: only the reason may be lost */
+	/* the buffering stdio would give fd 1 */
+	setvbuf(f, NULL, isatty(STDOUT_FILENO) ? _IOLBF : _IOFBF, BUFSIZ);
+	stdout = f;
+	out_wrapped = true;
+}
+
 int cli_finish_output(const char *cmd, int rc)
 {
-	/* stdio keeps a failed write's bytes and reports the error again at
-	 * the flush, so errno here is the reason even when an earlier printf
-	 * was the one that failed. */
 	errno = 0;
-	bool failed = fflush(stdout) != 0;
-	int e = errno;
-	if (ferror(stdout))
-		failed = true;
-	/* close(2) can be the first to report a failure (NFS, a full disk
-	 * with delayed allocation). */
+	bool failed = fflush(stdout) != 0 || ferror(stdout);
+	int e = out_errno ? out_errno : errno;
 	errno = 0;
 	if (fclose(stdout) != 0 && !failed) {
+		failed = true;
+		e = out_errno ? out_errno : errno;
+	}
+	/* close(2) can be the first to report a failure (NFS, or a disk that
+	 * fills at write-back); EBADF: there was no stdout, and nothing was
+	 * written to it, or the writes failed above. */
+	if (out_wrapped && close(STDOUT_FILENO) != 0 && errno != EBADF && !failed) {
 		failed = true;
 		e = errno;
 	}
