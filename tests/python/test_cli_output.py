@@ -181,3 +181,122 @@ def test_new_manifest_mode_follows_umask(small, tmp_path):
                   f'--manifest {shlex.quote(str(man))} >/dev/null')
     assert r.returncode == 0, r.stderr
     assert os.stat(man).st_mode & 0o777 == 0o640
+
+
+# ------------------------------------------------------- B. JSON drops nothing
+
+def fst_bytes(*args, env=None, timeout=120):
+    """Run fst with arguments that may be bytes (paths that are not UTF-8);
+    stdout and stderr are bytes."""
+    full_env = dict(os.environ)
+    full_env.pop("FST_FAULT", None)
+    full_env.update(env or {})
+    argv = [os.fsencode(str(fsttest.FST_BIN))] + [a if isinstance(a, bytes) else os.fsencode(str(a))
+                                                  for a in args]
+    return subprocess.run(argv, capture_output=True, env=full_env, timeout=timeout)
+
+
+@pytest.fixture
+def odd_name(small, tmp_path):
+    """A copy of a shard under a name with the byte 0xff (not UTF-8), in a
+    directory of its own; returns (file, directory) as bytes."""
+    d = os.path.join(os.fsencode(str(tmp_path)), b"d\xfe")
+    os.mkdir(d)
+    f = os.path.join(d, b"x\xff.safetensors")
+    shard = sorted(small.glob("*.safetensors"))[0]
+    with open(f, "wb") as out:
+        out.write(shard.read_bytes())
+    return f, d
+
+
+def assert_path(obj, raw, key="path"):
+    """obj[key] is raw with each invalid byte as U+FFFD, and obj[key +
+    '_bytes'] gives raw back exactly."""
+    assert obj[key] == raw.decode("utf-8", errors="replace"), obj
+    assert bytes.fromhex(obj[key + "_bytes"]) == raw, obj
+
+
+def test_inspect_json_keeps_a_file_whose_path_is_not_utf8(odd_name):
+    f, d = odd_name
+    for arg in (f, d):
+        r = fst_bytes("inspect", "--json", arg)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert len(doc) == 1, doc
+        assert doc[0]["ok"] is True and len(doc[0]["tensors"]) > 0
+        assert_path(doc[0], f)
+    # a UTF-8 path has no path_bytes
+    r = fst_bytes("inspect", "--json", os.path.dirname(d))
+    doc = json.loads(r.stdout)
+    assert r.returncode == 2 and doc[0]["ok"] is False  # the directory holds no shard itself
+
+
+def test_inspect_json_keeps_a_failed_input_whose_path_is_not_utf8(tmp_path):
+    missing = os.path.join(os.fsencode(str(tmp_path)), b"gone\xff.safetensors")
+    r = fst_bytes("inspect", "--json", missing)
+    assert r.returncode == 4, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc) == 1 and doc[0]["ok"] is False, doc
+    assert_path(doc[0], missing)
+    assert doc[0]["error"].endswith("cannot open: No such file or directory")
+    assert "\ufffd" in doc[0]["error"]
+
+
+def test_utf8_paths_have_no_bytes_field(small):
+    doc = json.loads(fst("inspect", "--json", small).stdout)
+    assert all("path_bytes" not in e for e in doc)
+    doc = json.loads(fst("load", "--json", small).stdout)
+    assert "path_bytes" not in doc
+
+
+def test_load_bench_doctor_json_keep_the_path(odd_name):
+    f, d = odd_name
+    r = fst_bytes("load", "--json", f)
+    assert r.returncode == 0, r.stderr
+    assert_path(json.loads(r.stdout), f)
+    r = fst_bytes("bench", f, "--json", "--runs", "1", "--no-cold", "--no-reference")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert_path(doc, f)
+    assert len(doc["rows"]) >= 4
+    r = fst_bytes("doctor", d, "--json", "--no-copy-test", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert_path(json.loads(r.stdout)["load"], d)
+
+
+def test_bench_json_keeps_a_row_whose_note_is_not_utf8(odd_name):
+    """A failed load's message names the file: the row stays, escaped."""
+    f, _ = odd_name
+    r = fst_bytes("bench", f, "--json", "--runs", "1", "--no-cold", "--no-reference",
+                  "--io", "pread", env={"FST_FAULT": "read:3"})
+    assert r.returncode == 4, r.stderr
+    rows = {x["name"]: x for x in json.loads(r.stdout)["rows"]}
+    note = rows["fst load (warm)"]["notes"]
+    assert note.startswith("failed: ") and "x\ufffd.safetensors: " in note, note
+
+
+def test_manifest_refuses_a_file_name_that_is_not_utf8(odd_name):
+    f, d = odd_name
+    man = os.path.join(d, b"m.json")
+    r = fst_bytes("verify", d, "--manifest", man)
+    assert r.returncode == 7, r.stderr
+    assert b"is not UTF-8" in r.stderr and f in r.stderr
+    assert not os.path.exists(man)
+
+
+def test_manifest_refuses_two_files_of_one_name(small, tmp_path):
+    """An index may keep shards in subdirectories; two of one name would be
+    one manifest key."""
+    shards = sorted(small.glob("*.safetensors"))
+    weight_map = {}
+    for sub, shard in zip(("a", "b"), shards):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "model.safetensors").write_bytes(shard.read_bytes())
+        for name in fsttest.Header(shard).tensors:
+            weight_map[name] = f"{sub}/model.safetensors"
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert fst("inspect", tmp_path).returncode == 0
+    r = fst("verify", tmp_path, "--manifest", tmp_path / "m.json")
+    assert r.returncode == 7, r.stderr
+    assert "have the same" in r.stderr
+    assert not (tmp_path / "m.json").exists()

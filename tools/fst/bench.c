@@ -563,15 +563,16 @@ int cmd_bench(int argc, char **argv)
 	 * one's own byte count. */
 	double gb_files = (double)fs.total / 1e9, gb_tensors = (double)tensor_bytes / 1e9;
 	json_t *out = json_object();
-	json_object_set_new(out, "path", json_string(path));
-	json_object_set_new(out, "device", json_string(device));
-	json_object_set_new(out, "file_bytes", json_integer((json_int_t)fs.total));
-	json_object_set_new(out, "tensor_bytes", json_integer((json_int_t)tensor_bytes));
-	json_object_set_new(out, "threads", json_integer(threads));
-	json_object_set_new(out, "runs", json_integer((json_int_t)runs));
-	json_object_set_new(out, "warm_resident", json_real(warm_resident));
-	json_object_set_new(out, "cold_resident", json_real(cold_resident));
-	json_t *arr = json_array();
+	bool ok = cli_json_put_path(out, "path", path) &&
+		  cli_json_put(out, "device", cli_json_text(device)) &&
+		  cli_json_put(out, "file_bytes", json_integer((json_int_t)fs.total)) &&
+		  cli_json_put(out, "tensor_bytes", json_integer((json_int_t)tensor_bytes)) &&
+		  cli_json_put(out, "threads", json_integer(threads)) &&
+		  cli_json_put(out, "runs", json_integer((json_int_t)runs)) &&
+		  cli_json_put(out, "warm_resident", json_real(warm_resident)) &&
+		  cli_json_put(out, "cold_resident", json_real(cold_resident)) &&
+		  cli_json_put(out, "rows", json_array());
+	json_t *arr = ok ? json_object_get(out, "rows") : NULL;
 	if (!as_json) {
 		char hb[32];
 		printf("bench %s on %s: %zu files, %s; %u threads; best of %" PRIu64
@@ -590,42 +591,51 @@ int cmd_bench(int argc, char **argv)
 		/* rows are timed over the files' bytes (limits) or the tensors'
 		 * (loaders); the copy limit's time was derived from the files' */
 		double gbps = rows[i].secs > 0 ? (limit ? gb_files : gb_tensors) / rows[i].secs : 0;
-		json_array_append_new(arr, json_pack("{s:s, s:f, s:f, s:s}", "name", rows[i].name,
-						     "seconds", rows[i].secs, "gbps", gbps,
-						     "notes", rows[i].note));
+		json_t *row = ok ? json_object() : NULL;
+		ok = cli_json_push(arr, row) &&
+		     cli_json_put(row, "name", json_string(rows[i].name)) &&
+		     cli_json_put(row, "seconds", json_real(rows[i].secs)) &&
+		     cli_json_put(row, "gbps", json_real(gbps)) &&
+		     cli_json_put(row, "notes", cli_json_text(rows[i].note));
 		if (!as_json)
 			printf("%-38s %9.3f %9.2f  %s\n", rows[i].name, rows[i].secs, gbps,
 			       rows[i].note);
 	}
-	json_object_set_new(out, "rows", arr);
-	json_t *ratios = json_object();
+	ok = ok && cli_json_put(out, "ratios", json_object());
+	json_t *ratios = ok ? json_object_get(out, "ratios") : NULL;
 #define RATE(row, gb) ((row) && (row)->secs > 0 ? (gb) / (row)->secs : 0)
 	double fw = RATE(fst_warm, gb_tensors), pl = RATE(pread_limit, gb_files);
 	double rw = RATE(ref_warm, gb_tensors);
 	double fc = RATE(fst_cold, gb_tensors), od = RATE(odirect, gb_files);
 	if (fw && pl)
-		json_object_set_new(ratios, "fst_warm_vs_pread_limit", json_real(fw / pl));
+		ok = ok && cli_json_put(ratios, "fst_warm_vs_pread_limit", json_real(fw / pl));
 	double hl = RATE(h2d, gb_files);
 	if (fw && pl && hl)
-		json_object_set_new(ratios, "fst_warm_vs_min_pread_copy_limit",
-				    json_real(fw / (pl < hl ? pl : hl)));
+		ok = ok && cli_json_put(ratios, "fst_warm_vs_min_pread_copy_limit",
+					json_real(fw / (pl < hl ? pl : hl)));
 	if (fw && rw)
-		json_object_set_new(ratios, "fst_warm_vs_reference", json_real(fw / rw));
+		ok = ok && cli_json_put(ratios, "fst_warm_vs_reference", json_real(fw / rw));
 	double fr = RATE(reused, gb_tensors), fk = RATE(checked_row, gb_tensors);
 	double fkw = RATE(checked_warm, gb_tensors);
 	if (fkw && fw)
-		json_object_set_new(ratios, "fst_checked_vs_unchecked", json_real(fkw / fw));
+		ok = ok && cli_json_put(ratios, "fst_checked_vs_unchecked", json_real(fkw / fw));
 	if (fk && fr)
-		json_object_set_new(ratios, "fst_checked_vs_unchecked_reused_memory",
-				    json_real(fk / fr));
+		ok = ok && cli_json_put(ratios, "fst_checked_vs_unchecked_reused_memory",
+					json_real(fk / fr));
 	if (fr && pl)
-		json_object_set_new(ratios, "fst_reused_memory_vs_pread_limit", json_real(fr / pl));
+		ok = ok && cli_json_put(ratios, "fst_reused_memory_vs_pread_limit",
+					json_real(fr / pl));
 	if (fc && od)
-		json_object_set_new(ratios, "fst_cold_vs_odirect_limit", json_real(fc / od));
-	json_object_set_new(out, "ratios", ratios);
+		ok = ok && cli_json_put(ratios, "fst_cold_vs_odirect_limit", json_real(fc / od));
 	if (as_json) {
-		json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
-		fputc('\n', stdout);
+		int jrc = cli_print_json("bench", out, ok);
+		if (rc == EXIT_OK)
+			rc = jrc;
+	} else if (!ok) {
+		/* the ratios line is read from the JSON object */
+		cli_error("bench", "out of memory building the ratios");
+		if (rc == EXIT_OK)
+			rc = EXIT_NOMEM;
 	} else {
 		printf("ratios:");
 		const char *k;

@@ -70,6 +70,27 @@ void cli_init_output(void);
  * EXIT_IO with the reason on stderr, so lost output is never success. An
  * earlier failure's code is kept. Nothing may write to stdout after it. */
 int cli_finish_output(const char *cmd, int rc);
+/*
+ * JSON output that drops nothing. jansson's constructors return NULL for a
+ * string that is not UTF-8 (or out of memory), and json_object_set_new and
+ * json_array_append_new given NULL fail without a word: an entry would
+ * vanish. Every step here reports failure instead, and cli_print_json
+ * refuses a document that lost one (exit 5).
+ */
+bool cli_utf8_valid(const char *s);
+/* s as a JSON string; bytes that are not UTF-8 become U+FFFD each. NULL
+ * only out of memory. */
+json_t *cli_json_text(const char *s);
+/* Set or append value (stolen, NULL allowed); false when it did not go in. */
+bool cli_json_put(json_t *obj, const char *key, json_t *value);
+bool cli_json_push(json_t *arr, json_t *value);
+/* obj[key] = the path as cli_json_text makes it, and when the path is not
+ * UTF-8 also obj[key + "_bytes"] = its bytes in hex, so nothing is lost. */
+bool cli_json_put_path(json_t *obj, const char *key, const char *path);
+/* Print doc on stdout (indent 1, keys in order) unless it is NULL or
+ * !complete (then exit 5, nothing printed); EXIT_OK, EXIT_NOMEM or EXIT_IO. */
+int cli_print_json(const char *cmd, const json_t *doc, bool complete);
+
 /* Write doc (json_dumpf flags) and a newline to the file path: into a
  * temporary file beside it, synced and renamed over it, so that a failed
  * write leaves the old file (or none), never a truncated one; a path that

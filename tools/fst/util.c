@@ -232,6 +232,117 @@ int cli_finish_output(const char *cmd, int rc)
 	return rc == EXIT_OK ? EXIT_IO : rc;
 }
 
+/* Length of the UTF-8 sequence at p when it is one jansson accepts (no
+ * overlong form, no surrogate, at most U+10FFFF), else 0. */
+static size_t utf8_seq(const unsigned char *p)
+{
+	unsigned c = p[0];
+	if (c < 0x80)
+		return 1;
+	size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+	if (!n)
+		return 0;
+	uint32_t cp = c & (0x3F >> (n - 1));
+	for (size_t i = 1; i < n; i++) {
+		if ((p[i] & 0xC0) != 0x80)
+			return 0;
+		cp = cp << 6 | (p[i] & 0x3F);
+	}
+	if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+	    (cp >= 0xD800 && cp <= 0xDFFF))
+		return 0;
+	return n;
+}
+
+bool cli_utf8_valid(const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	for (size_t n; *p; p += n)
+		if (!(n = utf8_seq(p)))
+			return false;
+	return true;
+}
+
+json_t *cli_json_text(const char *s)
+{
+	if (!s)
+		return NULL;
+	if (cli_utf8_valid(s))
+		return json_string(s);
+	size_t len = strlen(s);
+	char *out = malloc(3 * len + 1), *o = out;
+	if (!out)
+		return NULL;
+	for (const unsigned char *p = (const unsigned char *)s; *p;) {
+		size_t n = utf8_seq(p);
+		if (n) {
+			memcpy(o, p, n);
+			o += n;
+			p += n;
+		} else {
+			memcpy(o, "\xEF\xBF\xBD", 3); /* U+FFFD */
+			o += 3;
+			p++;
+		}
+	}
+	*o = '\0';
+	json_t *j = json_string(out);
+	free(out);
+	return j;
+}
+
+bool cli_json_put(json_t *obj, const char *key, json_t *value)
+{
+	/* json_object_set_new drops value on failure, NULL included */
+	return value && json_object_set_new(obj, key, value) == 0;
+}
+
+bool cli_json_push(json_t *arr, json_t *value)
+{
+	return value && json_array_append_new(arr, value) == 0;
+}
+
+bool cli_json_put_path(json_t *obj, const char *key, const char *path)
+{
+	if (!cli_json_put(obj, key, cli_json_text(path)))
+		return false;
+	if (cli_utf8_valid(path))
+		return true;
+	static const char digits[] = "0123456789abcdef";
+	size_t len = strlen(path);
+	char *hex = malloc(2 * len + 1);
+	char *name = malloc(strlen(key) + sizeof "_bytes");
+	bool ok = hex && name;
+	if (ok) {
+		for (size_t i = 0; i < len; i++) {
+			hex[2 * i] = digits[(unsigned char)path[i] >> 4];
+			hex[2 * i + 1] = digits[(unsigned char)path[i] & 15];
+		}
+		hex[2 * len] = '\0';
+		snprintf(name, strlen(key) + sizeof "_bytes", "%s_bytes", key);
+		ok = cli_json_put(obj, name, json_string(hex));
+	}
+	free(hex);
+	free(name);
+	return ok;
+}
+
+int cli_print_json(const char *cmd, const json_t *doc, bool complete)
+{
+	if (!doc || !complete) {
+		cli_error(cmd, "out of memory building the JSON output (nothing printed)");
+		return EXIT_NOMEM;
+	}
+	if (json_dumpf(doc, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER) == 0 &&
+	    fputc('\n', stdout) != EOF)
+		return EXIT_OK;
+	/* a write error is reported once, by cli_finish_output */
+	if (ferror(stdout))
+		return EXIT_IO;
+	cli_error(cmd, "out of memory writing the JSON output");
+	return EXIT_NOMEM;
+}
+
 /* Dump doc and a newline to f and flush it; 0 or an errno value. */
 static int dump(const json_t *doc, size_t flags, FILE *f)
 {

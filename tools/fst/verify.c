@@ -33,12 +33,47 @@ static void help(FILE *out)
 		"offset are named), others as for fst load.\n");
 }
 
+/* A manifest names files by their last component, as JSON keys: each must
+ * be UTF-8 and unique, or an entry would be lost. */
+static int manifest_names_ok(const fst_checkpoint *ck)
+{
+	for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++) {
+		const char *p = fst_file_path(fst_checkpoint_file(ck, i));
+		const char *base = cli_basename(p);
+		if (!cli_utf8_valid(base)) {
+			cli_error("verify", "%s: a manifest names files by name, and this name is "
+					    "not UTF-8",
+				  p);
+			return EXIT_UNSUPPORTED;
+		}
+		for (size_t j = 0; j < i; j++) {
+			const char *q = fst_file_path(fst_checkpoint_file(ck, j));
+			if (!strcmp(cli_basename(q), base)) {
+				cli_error("verify", "%s and %s: a manifest names files by name, and "
+						    "these two have the same",
+					  q, p);
+				return EXIT_UNSUPPORTED;
+			}
+		}
+	}
+	return EXIT_OK;
+}
+
 /* Each file's SHA-256 and each loaded tensor's XXH3-128; optionally a
  * manifest with both and each tensor's block tree (for `fst load --check`). */
 static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *manifest)
 {
-	json_t *files = json_object(), *tensors = json_object(), *trees = json_object();
-	int rc = EXIT_OK;
+	int rc = manifest ? manifest_names_ok(ck) : EXIT_OK;
+	if (rc)
+		return rc;
+	json_t *m = json_object();
+	bool ok = cli_json_put(m, "format", json_string("fst-manifest-1")) &&
+		  cli_json_put(m, "files", json_object()) &&
+		  cli_json_put(m, "tensors", json_object()) &&
+		  cli_json_put(m, "tree_block", json_integer((json_int_t)CLI_TREE_BLOCK)) &&
+		  cli_json_put(m, "trees", json_object());
+	json_t *files = json_object_get(m, "files"), *tensors = json_object_get(m, "tensors");
+	json_t *trees = json_object_get(m, "trees");
 	for (size_t fi = 0; fi < fst_checkpoint_file_count(ck) && rc == EXIT_OK; fi++) {
 		const char *p = fst_file_path(fst_checkpoint_file(ck, fi));
 		char hex[65];
@@ -49,7 +84,8 @@ static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *m
 			break;
 		}
 		printf("sha256 %s %s\n", hex, p);
-		json_object_set_new(files, cli_basename(p), json_string(hex));
+		if (manifest)
+			ok = ok && cli_json_put(files, cli_basename(p), json_string(hex));
 	}
 	for (size_t i = 0; i < fst_buffer_tensor_count(buf) && rc == EXIT_OK; i++) {
 		fst_tensor_view v;
@@ -62,29 +98,23 @@ static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *m
 			rc = cli_exit_code(e);
 		} else {
 			printf("xxh3-128 %s %s\n", hex, v.name);
-			json_object_set_new(tensors, v.name, json_string(hex));
+			/* tensor names are UTF-8 (the header is): a failure is memory */
 			if (manifest)
-				json_object_set_new(trees, v.name, json_string(tree));
+				ok = ok && cli_json_put(tensors, v.name, json_string(hex)) &&
+				     cli_json_put(trees, v.name, json_string(tree));
 		}
 		fst_view_release(&v);
 	}
 	if (rc == EXIT_OK && manifest) {
-		json_t *m = json_pack("{s:s, s:o, s:o, s:I, s:o}", "format", "fst-manifest-1",
-				      "files", json_incref(files), "tensors", json_incref(tensors),
-				      "tree_block", (json_int_t)CLI_TREE_BLOCK, "trees",
-				      json_incref(trees));
-		int e = m ? cli_write_json_file(manifest, m, JSON_INDENT(1) | JSON_SORT_KEYS)
-			  : ENOMEM;
+		int e = ok ? cli_write_json_file(manifest, m, JSON_INDENT(1) | JSON_SORT_KEYS)
+			   : ENOMEM;
 		if (e) {
 			cli_error("verify", "%s: cannot write the manifest: %s", manifest,
 				  strerror(e));
 			rc = e == ENOMEM ? EXIT_NOMEM : EXIT_IO;
 		}
-		json_decref(m);
 	}
-	json_decref(files);
-	json_decref(tensors);
-	json_decref(trees);
+	json_decref(m);
 	return rc;
 }
 
