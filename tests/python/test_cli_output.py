@@ -300,3 +300,41 @@ def test_manifest_refuses_two_files_of_one_name(small, tmp_path):
     assert r.returncode == 7, r.stderr
     assert "have the same" in r.stderr
     assert not (tmp_path / "m.json").exists()
+
+
+# ------------------------------------------------------------ C. messages
+
+def test_check_mismatch_names_the_file(small, tmp_path):
+    man = tmp_path / "m.json"
+    assert fst("verify", small, "--manifest", man).returncode == 0
+    m = json.loads(man.read_text())
+    shard = sorted(small.glob("*.safetensors"))[1]
+    name = sorted(fsttest.Header(shard).tensors)[0]
+    for key in ("trees", "tensors"):
+        bad = dict(m, **{key: dict(m[key], **{name: "0" * 32})})
+        if key == "tensors":
+            bad.pop("trees")
+            bad.pop("tree_block")
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        r = fst("load", small, "--check", tmp_path / "bad.json", "--no-progress")
+        assert r.returncode == 3, r.stderr
+        assert f'fst load: {shard}: tensor "{name}": XXH3-128' in r.stderr, r.stderr
+    fewer = dict(m, trees={k: v for k, v in m["trees"].items() if k != name})
+    (tmp_path / "fewer.json").write_text(json.dumps(fewer))
+    r = fst("load", small, "--check", tmp_path / "fewer.json", "--no-progress")
+    assert r.returncode == 3
+    assert f'{shard}: tensor "{name}"' in r.stderr and "does not list it" in r.stderr
+
+
+def test_check_manifest_that_cannot_be_read_is_exit_4(small, tmp_path):
+    missing = tmp_path / "missing.json"
+    r = fst("load", small, "--check", missing, "--no-progress")
+    assert r.returncode == 4, r.stderr
+    assert f"{missing}: cannot open the manifest: No such file or directory" in r.stderr
+    r = fst("load", small, "--check", tmp_path, "--no-progress")
+    assert r.returncode == 4, r.stderr
+    assert f"{tmp_path}: cannot read the manifest: Is a directory" in r.stderr
+    # a manifest that is not JSON stays a usage error
+    (tmp_path / "junk.json").write_text("[1, 2")
+    r = fst("load", small, "--check", tmp_path / "junk.json", "--no-progress")
+    assert r.returncode == 1 and "not a manifest" in r.stderr
