@@ -338,3 +338,53 @@ def test_check_manifest_that_cannot_be_read_is_exit_4(small, tmp_path):
     (tmp_path / "junk.json").write_text("[1, 2")
     r = fst("load", small, "--check", tmp_path / "junk.json", "--no-progress")
     assert r.returncode == 1 and "not a manifest" in r.stderr
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "cuda:", "cpu0"])
+@pytest.mark.parametrize("cmd", ["load", "verify", "bench", "doctor"])
+def test_bad_device_is_usage_everywhere(small, cmd, device):
+    """The same parser for every command, before anything is measured."""
+    args = [cmd, small, "--device", device]
+    if cmd == "bench":
+        args += ["--runs", "1", "--no-reference"]
+    if cmd == "doctor":
+        args += ["--no-copy-test"]
+    r = fst(*args)
+    assert r.returncode == 1, (args, r.returncode, r.stdout, r.stderr)
+    assert f'device "{device}": expected cpu, cuda or cuda:N' in r.stderr + r.stdout
+    if cmd == "bench":
+        assert r.stdout == "", r.stdout  # no measurement row
+    if cmd == "doctor":
+        # without PATH too, where nothing would be loaded
+        r = fst("doctor", "--device", device, "--no-copy-test")
+        assert r.returncode == 1, r.stderr
+        assert f'device "{device}"' in r.stderr
+
+
+def test_bench_checks_options_before_measuring(small, tmp_path):
+    """A device that cannot be used, a manifest that cannot be read, a
+    GPU-only conflict: the error comes before any row."""
+    r = fst("bench", small, "--runs", "1", "--no-reference", "--device", "cuda:0",
+            env={"FST_CUDA_LIBRARY": "/nonexistent/libcuda.so.1"})
+    assert r.returncode == 6, r.stderr
+    assert r.stdout == ""
+    r = fst("bench", small, "--runs", "1", "--no-reference", "--check", tmp_path / "none.json")
+    assert r.returncode == 4, r.stderr
+    assert "cannot open the manifest" in r.stderr
+    assert r.stdout == ""
+    r = fst("bench", small, "--runs", "1", "--no-reference", "--check", tmp_path / "none.json",
+            env={"FST_HASH_KERNEL": "bogus"})
+    assert r.returncode == 1, r.stderr
+    assert r.stdout == ""
+
+
+def test_bench_on_the_gpu_double(small, cuda_double):
+    r = fst("bench", small, "--runs", "1", "--no-cold", "--no-reference", "--device", "cuda:0",
+            "--json", env={"FST_CUDA_LIBRARY": cuda_double, "FST_GDS": "off"})
+    assert r.returncode == 0, r.stderr
+    names = [row["name"] for row in json.loads(r.stdout)["rows"]]
+    assert "pinned host-to-device copy limit" in names and "fst load (warm)" in names
+    r = fst("bench", small, "--runs", "1", "--no-reference", "--device", "cuda:9",
+            env={"FST_CUDA_LIBRARY": cuda_double})
+    assert r.returncode == 1, r.stderr
+    assert r.stdout == ""

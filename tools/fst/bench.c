@@ -408,6 +408,16 @@ int cmd_bench(int argc, char **argv)
 		cli_error("bench", "%s", err.message);
 		return cli_exit_code(err.code);
 	}
+	/* Every option, the device included, is checked by the library's own
+	 * parser before anything is measured: no row for a bench that cannot
+	 * run. */
+	char plan[FST_ERROR_MSG_MAX + 64];
+	if (fst_load_explain(ck, &lo, plan, sizeof plan, &err) ||
+	    (manifest && cli_check_manifest(manifest, &err))) {
+		cli_error("bench", "%s", err.message);
+		fst_checkpoint_close(ck);
+		return cli_exit_code(err.code);
+	}
 	struct files fs = {0};
 	uint64_t tensor_bytes = fst_checkpoint_total_bytes(ck);
 	if (collect_files(ck, &fs)) {

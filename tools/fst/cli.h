@@ -112,6 +112,9 @@ const char *cli_basename(const char *path);
  * difference. */
 int cli_load_checked(const fst_checkpoint *ck, const fst_load_opts *lo, const char *manifest,
 		     fst_buffer **out, size_t *checked, fst_error *err);
+/* What cli_load_checked checks before it loads: the XXH3 kernel, and that
+ * manifest can be read and is one. */
+int cli_check_manifest(const char *manifest, fst_error *err);
 
 int cmd_inspect(int argc, char **argv);
 int cmd_gen(int argc, char **argv);

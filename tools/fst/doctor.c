@@ -53,6 +53,26 @@ int cmd_doctor(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	const char *path = optind < argc ? argv[optind] : NULL;
+	if (device && !path) {
+		/* Nothing will be loaded, but a bad --device is still a usage
+		 * error, found by the library's parser (on no checkpoint). */
+		fst_checkpoint *none;
+		fst_load_opts lo;
+		fst_load_opts_init(&lo);
+		lo.device = device;
+		char why[FST_ERROR_MSG_MAX + 64];
+		fst_error derr;
+		if (fst_checkpoint_from_files(NULL, 0, &none, &derr)) {
+			cli_error("doctor", "%s", derr.message);
+			return cli_exit_code(derr.code);
+		}
+		int drc = fst_load_explain(none, &lo, why, sizeof why, &derr);
+		fst_checkpoint_close(none);
+		if (drc == FST_EUSAGE) {
+			cli_error("doctor", "%s", derr.message);
+			return EXIT_USAGE;
+		}
+	}
 	json_t *out = json_object();
 	bool ok = cli_json_put(out, "version", cli_json_text(fst_version()));
 	if (!as_json)

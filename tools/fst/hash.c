@@ -498,6 +498,16 @@ static json_t *read_manifest(const char *manifest, struct checker *k, fst_error 
 	return m;
 }
 
+int cli_check_manifest(const char *manifest, fst_error *err)
+{
+	struct checker k = {.x = cli_xxh3(NULL)};
+	if (!k.x)
+		return no_kernel(err);
+	json_t *m = read_manifest(manifest, &k, err);
+	json_decref(m);
+	return m ? 0 : err->code;
+}
+
 int cli_load_checked(const fst_checkpoint *ck, const fst_load_opts *lo, const char *manifest,
 		     fst_buffer **out, size_t *checked, fst_error *err)
 {
