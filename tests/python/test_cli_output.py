@@ -388,3 +388,43 @@ def test_bench_on_the_gpu_double(small, cuda_double):
             env={"FST_CUDA_LIBRARY": cuda_double})
     assert r.returncode == 1, r.stderr
     assert r.stdout == ""
+
+
+def fs_type(path):
+    r = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else "?"
+
+
+def test_bench_cold_rows_skipped_when_the_cache_keeps_the_files(small, tmp_path_factory):
+    """tmpfs holds files only in the page cache: posix_fadvise(DONTNEED)
+    succeeds and evicts nothing. The cold rows must say so instead of
+    timing warm reads, and no cold ratio is printed."""
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or not os.access(shm, os.W_OK) or fs_type(shm) != "tmpfs":
+        pytest.skip("no writable tmpfs at /dev/shm")
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(dir=shm, prefix="fst-bench-")
+    try:
+        ck = os.path.join(d, "ck")
+        shutil.copytree(small, ck)
+        r = fst("bench", ck, "--runs", "1", "--no-reference", "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        rows = {row["name"]: row for row in doc["rows"]}
+        for name in ("O_DIRECT read limit (cold)", "fst load (cold)"):
+            assert rows[name]["notes"].startswith("skipped: cannot evict the page cache ("), \
+                rows[name]
+            assert "still cached after posix_fadvise(DONTNEED)" in rows[name]["notes"]
+            assert rows[name]["seconds"] == 0 and rows[name]["gbps"] == 0
+        assert "fst_cold_vs_odirect_limit" not in doc["ratios"]
+        assert doc["cold_resident"] > 0.5
+        assert rows["fst load (warm)"]["gbps"] > 0
+        r = fst("bench", ck, "--runs", "1")
+        assert r.returncode == 0, r.stderr
+        assert "fst_cold_vs_odirect_limit" not in r.stdout
+        lines = [ln for ln in r.stdout.splitlines() if "(cold)" in ln]
+        assert len(lines) == 3, r.stdout  # the reference's cold row too
+        assert all("skipped: cannot evict the page cache" in ln for ln in lines), lines
+    finally:
+        shutil.rmtree(d)

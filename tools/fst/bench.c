@@ -66,44 +66,89 @@ static int collect_files(const fst_checkpoint *ck, struct files *fs)
 	return 0;
 }
 
-static void evict(const struct files *fs)
-{
-	for (size_t i = 0; i < fs->n; i++) {
-		int fd = open(fs->path[i], O_RDONLY);
-		if (fd >= 0) {
-			fdatasync(fd);
-			posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-			close(fd);
-		}
-	}
-}
-
-/* Fraction of the files' pages in the page cache. */
-static double resident(const struct files *fs)
+/* Fraction of the files' pages in the page cache, or -1 with the reason in
+ * why when it cannot be told. */
+static double resident(const struct files *fs, char *why, size_t whylen)
 {
 	uint64_t in = 0, all = 0;
 	long page = sysconf(_SC_PAGESIZE);
 	unsigned char *vec = malloc(1 << 20);
-	for (size_t i = 0; vec && i < fs->n; i++) {
-		int fd = open(fs->path[i], O_RDONLY);
-		if (fd < 0)
+	if (!vec) {
+		snprintf(why, whylen, "out of memory for mincore");
+		return -1;
+	}
+	double rc = 0;
+	for (size_t i = 0; i < fs->n && rc == 0; i++) {
+		if (!fs->size[i])
 			continue;
-		void *m = mmap(NULL, fs->size[i], PROT_READ, MAP_SHARED, fd, 0);
+		int fd = open(fs->path[i], O_RDONLY | O_CLOEXEC);
+		void *m = fd < 0 ? MAP_FAILED
+				 : mmap(NULL, fs->size[i], PROT_READ, MAP_SHARED, fd, 0);
+		if (m == MAP_FAILED) {
+			snprintf(why, whylen, "%.150s: cannot %s it to measure: %s", fs->path[i],
+				 fd < 0 ? "open" : "map", strerror(errno));
+			if (fd >= 0)
+				close(fd);
+			rc = -1;
+			break;
+		}
 		close(fd);
-		if (m == MAP_FAILED)
-			continue;
 		uint64_t pages = (fs->size[i] + (uint64_t)page - 1) / (uint64_t)page;
 		for (uint64_t p = 0; p < pages; p += 1 << 20) {
 			uint64_t k = pages - p < (1 << 20) ? pages - p : (1 << 20);
-			if (mincore((char *)m + p * (uint64_t)page, k * (uint64_t)page, vec) == 0)
-				for (uint64_t j = 0; j < k; j++)
-					in += vec[j] & 1;
+			if (mincore((char *)m + p * (uint64_t)page, k * (uint64_t)page, vec)) {
+				snprintf(why, whylen, "%.150s: mincore: %s", fs->path[i],
+					 strerror(errno));
+				rc = -1;
+				break;
+			}
+			for (uint64_t j = 0; j < k; j++)
+				in += vec[j] & 1;
 			all += k;
 		}
 		munmap(m, fs->size[i]);
 	}
 	free(vec);
-	return all ? (double)in / (double)all : 0;
+	return rc < 0 ? -1 : all ? (double)in / (double)all : 0;
+}
+
+/* Evict the files from the page cache (their clean pages; no privilege
+ * needed) and check that they left it: false, with the reason in why, when
+ * a call failed or more than 1% of the pages stayed (tmpfs keeps them
+ * there; pages mapped or locked by another process stay too). A cold row
+ * measured after a false would be a warm one. */
+static bool evict(const struct files *fs, double *left, char *why, size_t whylen)
+{
+	*left = -1;
+	for (size_t i = 0; i < fs->n; i++) {
+		int fd = open(fs->path[i], O_RDONLY | O_CLOEXEC);
+		if (fd < 0) {
+			snprintf(why, whylen, "%.150s: cannot open: %s", fs->path[i], strerror(errno));
+			return false;
+		}
+		int e = fdatasync(fd) ? errno : 0;
+		/* posix_fadvise returns the error, it does not set errno */
+		int f = e ? 0 : posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+		close(fd);
+		if (e || f) {
+			snprintf(why, whylen, "%.150s: %s: %s", fs->path[i],
+				 e ? "fdatasync" : "posix_fadvise(DONTNEED)", strerror(e ? e : f));
+			return false;
+		}
+	}
+	char rwhy[200] = "";
+	*left = resident(fs, rwhy, sizeof rwhy);
+	if (*left < 0) {
+		snprintf(why, whylen, "cannot tell whether the files left it: %s", rwhy);
+		return false;
+	}
+	if (*left > 0.01) {
+		snprintf(why, whylen, "%.0f%% of the files' pages still cached after "
+				      "posix_fadvise(DONTNEED)",
+			 *left * 100);
+		return false;
+	}
+	return true;
 }
 
 /* A plain single-threaded read of every file into one reused buffer. */
@@ -349,7 +394,7 @@ static void reuse_free(void *ctx, void *ptr, uint64_t size, int device_type, int
 struct row {
 	const char *name;
 	double secs;
-	char note[200];
+	char note[320]; /* room for a skipped row's reason (200) */
 };
 
 int cmd_bench(int argc, char **argv)
@@ -449,7 +494,10 @@ int cmd_bench(int argc, char **argv)
 
 	/* warm: read everything once so the page cache holds it */
 	plain_read(&fs);
-	double warm_resident = resident(&fs);
+	char rwhy[200] = "";
+	double warm_resident = resident(&fs, rwhy, sizeof rwhy);
+	if (warm_resident < 0)
+		cli_error("bench", "page-cache residency unknown: %s", rwhy);
 
 	best = 0;
 	for (uint64_t r = 0; r < runs; r++) {
@@ -545,26 +593,44 @@ int cmd_bench(int argc, char **argv)
 	struct row *odirect = NULL, *fst_cold = NULL;
 	double cold_resident = -1;
 	if (cold && rc == EXIT_OK) {
-		evict(&fs);
-		cold_resident = resident(&fs);
+		/* each cold row after an eviction of its own, checked */
+		char ewhy[200];
+		double left;
+		bool evicted = evict(&fs, &cold_resident, ewhy, sizeof ewhy);
 		odirect = &rows[nrows];
-		rows[nrows] = (struct row){"O_DIRECT read limit (cold)",
-					   parallel_read(&fs, dst, threads, true), ""};
-		snprintf(rows[nrows++].note, sizeof rows[0].note,
-			 "%u threads, 16 MiB O_DIRECT pread", threads);
-		evict(&fs);
-		int lrc;
-		double s = fst_once(path, &lo, NULL, why, sizeof why, &lrc);
-		if (lrc)
-			rc = cli_exit_code(lrc);
+		rows[nrows] = (struct row){"O_DIRECT read limit (cold)", 0, ""};
+		if (evicted) {
+			rows[nrows].secs = parallel_read(&fs, dst, threads, true);
+			snprintf(rows[nrows].note, sizeof rows[0].note,
+				 "%u threads, 16 MiB O_DIRECT pread", threads);
+		} else {
+			snprintf(rows[nrows].note, sizeof rows[0].note,
+				 "skipped: cannot evict the page cache (%s)", ewhy);
+		}
+		nrows++;
 		fst_cold = &rows[nrows];
-		rows[nrows] = (struct row){"fst load (cold)", s, ""};
-		snprintf(rows[nrows++].note, sizeof rows[0].note, "%s", why);
+		rows[nrows] = (struct row){"fst load (cold)", 0, ""};
+		if (evicted && (evicted = evict(&fs, &left, ewhy, sizeof ewhy))) {
+			int lrc;
+			rows[nrows].secs = fst_once(path, &lo, NULL, why, sizeof why, &lrc);
+			if (lrc)
+				rc = cli_exit_code(lrc);
+			snprintf(rows[nrows].note, sizeof rows[0].note, "%s", why);
+		} else {
+			snprintf(rows[nrows].note, sizeof rows[0].note,
+				 "skipped: cannot evict the page cache (%s)", ewhy);
+		}
+		nrows++;
 		if (reference) {
-			evict(&fs);
-			s = reference_once(&fs, device, why, sizeof why);
-			rows[nrows] = (struct row){"reference safetensors (cold)", s, ""};
-			snprintf(rows[nrows++].note, sizeof rows[0].note, "%s", why);
+			rows[nrows] = (struct row){"reference safetensors (cold)", 0, ""};
+			if (evicted && (evicted = evict(&fs, &left, ewhy, sizeof ewhy))) {
+				rows[nrows].secs = reference_once(&fs, device, why, sizeof why);
+				snprintf(rows[nrows].note, sizeof rows[0].note, "%s", why);
+			} else {
+				snprintf(rows[nrows].note, sizeof rows[0].note,
+					 "skipped: cannot evict the page cache (%s)", ewhy);
+			}
+			nrows++;
 		}
 	}
 	munmap(dst, span);
@@ -588,12 +654,15 @@ int cmd_bench(int argc, char **argv)
 		printf("bench %s on %s: %zu files, %s; %u threads; best of %" PRIu64
 		       " warm runs\n",
 		       path, device, fs.n, cli_human_bytes(hb, sizeof hb, fs.total), threads, runs);
-		if (cold_resident < 0)
-			printf("page cache: %.0f%% resident warm; cold runs not measured\n",
-			       warm_resident * 100);
+		char warm[16] = "unknown", after[16] = "unknown";
+		if (warm_resident >= 0)
+			snprintf(warm, sizeof warm, "%.0f%%", warm_resident * 100);
+		if (cold_resident >= 0)
+			snprintf(after, sizeof after, "%.0f%%", cold_resident * 100);
+		if (!cold)
+			printf("page cache: %s resident warm; cold runs not measured\n", warm);
 		else
-			printf("page cache: %.0f%% resident warm, %.0f%% after eviction\n",
-			       warm_resident * 100, cold_resident * 100);
+			printf("page cache: %s resident warm, %s after eviction\n", warm, after);
 		printf("%-38s %9s %9s  %s\n", "measurement", "seconds", "GB/s", "notes");
 	}
 	for (int i = 0; i < nrows; i++) {
