@@ -1,6 +1,7 @@
 /* Description: the CLI's helpers (tools/fst/util.c) apart from the command:
  * JSON strings that keep every path (UTF-8 checked exactly as jansson does,
- * invalid bytes as U+FFFD plus a hex copy) and checked JSON building. */
+ * invalid bytes as U+FFFD plus a hex copy), checked JSON building, and
+ * the progress bar's line. */
 #include "helpers.h"
 #include "cli.h"
 
@@ -94,6 +95,46 @@ static void test_put_and_push_report_failure(void **state)
 	json_decref(a);
 }
 
+/* The visible part of a bar line: after its leading "\r". */
+static size_t visible(const char *line)
+{
+	assert_int_equal(line[0], '\r');
+	return strlen(line) - 1;
+}
+
+static void test_progress_line_covers_a_longer_one(void **state)
+{
+	(void)state;
+	size_t width = 0;
+	char a[256], b[256], c[256];
+	/* 1000 KiB of 4 MiB in 10 s: "1000.00 KiB", 31.0 s left */
+	cli_progress_line(a, sizeof a, 1000 << 10, 4 << 20, 10.0, &width);
+	assert_non_null(strstr(a, "] 1000.00 KiB / 4.00 MiB  0.00 GB/s  31.0 s left"));
+	assert_int_equal(width, visible(a));
+	/* then 2 MiB, fast: a shorter text, padded to cover the first */
+	cli_progress_line(b, sizeof b, 2 << 20, 4 << 20, 0.001, &width);
+	assert_non_null(strstr(b, "] 2.00 MiB / 4.00 MiB  2.10 GB/s  0.0 s left"));
+	assert_int_equal(visible(b), visible(a));
+	assert_int_equal(b[strlen(b) - 1], ' ');
+	/* the widest line so far is remembered, not the last one */
+	cli_progress_line(c, sizeof c, 3 << 20, 4 << 20, 0.001, &width);
+	assert_int_equal(visible(c), visible(a));
+	/* a longer line grows the width */
+	size_t before = width;
+	cli_progress_line(c, sizeof c, 1000 << 10, 1ull << 40, 100000.0, &width);
+	assert_true(width > before);
+	assert_int_equal(visible(c), width);
+	/* the bar itself: 30 cells, filled in proportion */
+	width = 0;
+	cli_progress_line(c, sizeof c, 1, 2, 1.0, &width);
+	assert_memory_equal(c, "\r[###############               ]", 33);
+	/* a small buffer is cut, never overrun */
+	char tiny[8];
+	width = 100;
+	assert_int_equal(cli_progress_line(tiny, sizeof tiny, 1, 2, 1.0, &width), 7);
+	assert_int_equal(strlen(tiny), 7);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -101,6 +142,7 @@ int main(void)
 		cmocka_unit_test(test_text_replaces_each_bad_byte),
 		cmocka_unit_test(test_put_path),
 		cmocka_unit_test(test_put_and_push_report_failure),
+		cmocka_unit_test(test_progress_line_covers_a_longer_one),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,6 +33,12 @@ bool cli_parse_size(const char *s, uint64_t *out);
 bool cli_parse_uint(const char *s, uint64_t max, uint64_t *out);
 /* "1.50 GiB" into buf. */
 const char *cli_human_bytes(char *buf, size_t size, uint64_t bytes);
+/* The progress bar's line ("\r[###   ] 1.00 GiB / 2.00 GiB  3.21 GB/s  0.3 s
+ * left") for done of total bytes after secs seconds, into buf; padded with
+ * spaces to *width, the widest line drawn before, which it updates, so a
+ * shorter line leaves nothing of a longer one. Returns its length. */
+size_t cli_progress_line(char *buf, size_t size, uint64_t done, uint64_t total, double secs,
+			 size_t *width);
 /* Seconds since an arbitrary point (monotonic). */
 double cli_now(void);
 

@@ -30,20 +30,15 @@ static void help(FILE *out)
 struct bar {
 	double t0;
 	bool shown;
+	size_t width; /* of the widest line drawn */
 };
 
 static void progress(void *ctx, uint64_t done, uint64_t total)
 {
 	struct bar *b = ctx;
-	double dt = cli_now() - b->t0;
-	double rate = dt > 0 ? (double)done / dt : 0;
-	double left = rate > 0 ? (double)(total - done) / rate : 0;
-	int width = 30, fill = total ? (int)((double)done / (double)total * width) : width;
-	char d[32], t[32];
-	fprintf(stderr, "\r[%.*s%*s] %s / %s  %.2f GB/s  %.1f s left ", fill,
-		"##############################", width - fill, "",
-		cli_human_bytes(d, sizeof d, done), cli_human_bytes(t, sizeof t, total), rate / 1e9,
-		left);
+	char line[256];
+	cli_progress_line(line, sizeof line, done, total, cli_now() - b->t0, &b->width);
+	fputs(line, stderr);
 	b->shown = true;
 }
 
@@ -86,7 +81,7 @@ int cmd_load(int argc, char **argv)
 	if (rc)
 		return rc;
 	const char *path = argv[optind];
-	struct bar bar = {cli_now(), false};
+	struct bar bar = {cli_now(), false, 0};
 	if (show_progress && !as_json && isatty(2)) {
 		lo.progress = progress;
 		lo.progress_ctx = &bar;

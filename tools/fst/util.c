@@ -88,6 +88,32 @@ const char *cli_human_bytes(char *buf, size_t size, uint64_t bytes)
 	return buf;
 }
 
+size_t cli_progress_line(char *buf, size_t size, uint64_t done, uint64_t total, double secs,
+			 size_t *width)
+{
+	const int bar = 30;
+	double rate = secs > 0 ? (double)done / secs : 0;
+	double left = rate > 0 && total > done ? (double)(total - done) / rate : 0;
+	int fill = total ? (int)((double)(done < total ? done : total) / (double)total * bar) : bar;
+	char d[32], t[32];
+	int n = snprintf(buf, size, "\r[%.*s%*s] %s / %s  %.2f GB/s  %.1f s left", fill,
+			 "##############################", bar - fill, "",
+			 cli_human_bytes(d, sizeof d, done), cli_human_bytes(t, sizeof t, total),
+			 rate / 1e9, left);
+	size_t len = n < 0 ? 0 : (size_t)n < size ? (size_t)n : size - 1;
+	/* The terminal still shows the longest line so far: spaces over its
+	 * tail, or it would read "... 2.3 s left ft". */
+	size_t visible = len ? len - 1 : 0;
+	while (visible < *width && len + 1 < size) {
+		buf[len++] = ' ';
+		visible++;
+	}
+	buf[len] = '\0';
+	if (visible > *width)
+		*width = visible;
+	return len;
+}
+
 double cli_now(void)
 {
 	struct timespec ts;
