@@ -478,3 +478,26 @@ def test_progress_bar_on_a_terminal_leaves_nothing_behind(gen_dir):
     total = lines[-1].split("] ")[1].split(" / ")[1].split("  ")[0]
     assert lines[-1].split("] ")[1].startswith(f"{total} / {total}  "), lines[-1]
     assert lines[-1].rstrip(" ").endswith(" s left"), lines[-1]
+
+
+def test_an_injected_failure_says_so(small):
+    r = fst("load", small, "--no-progress", env={"FST_FAULT": "alloc:1"})
+    assert r.returncode == 5, r.stderr
+    assert r.stderr.rstrip("\n").endswith(
+        "out of memory (FST_FAULT injected a failure at site alloc, call 1)"), r.stderr
+    r = fst("verify", small, "--io", "pread", env={"FST_FAULT": "host_alloc:1"})
+    assert r.returncode == 5, r.stderr
+    assert "(FST_FAULT injected a failure at site host_alloc, call 1)" in r.stderr
+    # each input of inspect fails at its first allocation: the count grows
+    r = fst("inspect", small, small, env={"FST_FAULT": "alloc:1+"})
+    lines = r.stderr.splitlines()
+    assert r.returncode == 5 and len(lines) == 2, r.stderr
+    assert lines[0].endswith("(FST_FAULT injected a failure at site alloc, call 1)"), lines
+    assert lines[1].endswith("(FST_FAULT injected 2 failures, the last at site alloc, call 2)"), \
+        lines
+    # without FST_FAULT, or with a fault that was retried, no note
+    r = fst("load", small / "missing.safetensors")
+    assert r.returncode == 4 and "FST_FAULT" not in r.stderr
+    r = fst("load", small, "--no-progress", "--io", "pread", "--check", small / "none.json",
+            env={"FST_FAULT": "read:1:EINTR"})
+    assert r.returncode == 4 and "injected" in r.stderr  # the EINTR was injected, and retried

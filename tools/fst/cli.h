@@ -42,7 +42,8 @@ size_t cli_progress_line(char *buf, size_t size, uint64_t done, uint64_t total, 
 /* Seconds since an arbitrary point (monotonic). */
 double cli_now(void);
 
-/* Print "fst CMD: message" on stderr. */
+/* Print "fst CMD: message" on stderr, and when FST_FAULT injected a failure
+ * " (FST_FAULT injected a failure at site SITE, call N)". */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Load options shared by load, verify and bench (long options only). */

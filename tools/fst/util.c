@@ -127,8 +127,16 @@ void cli_error(const char *cmd, const char *fmt, ...)
 	va_start(ap, fmt);
 	fprintf(stderr, "fst %s: ", cmd);
 	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
 	va_end(ap);
+	/* A test's failure must not pass for a real one ("out of memory"
+	 * with memory to spare): say that one was injected, and where. */
+	char where[96];
+	long n = fst_fault_last(where, sizeof where);
+	if (n == 1)
+		fprintf(stderr, " (FST_FAULT injected a failure at %s)", where);
+	else if (n > 1)
+		fprintf(stderr, " (FST_FAULT injected %ld failures, the last at %s)", n, where);
+	fputc('\n', stderr);
 }
 
 int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *o)
