@@ -501,3 +501,155 @@ def test_an_injected_failure_says_so(small):
     r = fst("load", small, "--no-progress", "--io", "pread", "--check", small / "none.json",
             env={"FST_FAULT": "read:1:EINTR"})
     assert r.returncode == 4 and "injected" in r.stderr  # the EINTR was injected, and retried
+
+
+def largest_tensor(shard):
+    h = fsttest.Header(shard)
+    name, info = max(h.tensors.items(),
+                     key=lambda kv: kv[1]["data_offsets"][1] - kv[1]["data_offsets"][0])
+    b, e = info["data_offsets"]
+    return name, h.data_offset + b, h.data_offset + e
+
+
+def flip_in_place(path, offset, keep_mtime=True):
+    """XOR one byte in place; the modification time is put back (only the
+    status change time then tells)."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x5A]))
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def verify_stopped_before_compare(ck, change, *args):
+    """Run fst verify with FST_TEST_STOP=verify-compare: it stops itself
+    after the load; change() runs then, and verify continues."""
+    import signal
+    import time
+    env = dict(os.environ)
+    env.pop("FST_FAULT", None)
+    env["FST_TEST_STOP"] = "verify-compare"
+    p = subprocess.Popen([str(fsttest.FST_BIN), "verify", str(ck), *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while True:
+        with open(f"/proc/{p.pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state == "T":
+            break
+        if p.poll() is not None or time.monotonic() > deadline:
+            out, err = p.communicate()
+            raise AssertionError(f"verify never stopped before the comparison "
+                                 f"(exit {p.returncode}): {err}")
+        time.sleep(0.005)
+    try:
+        change()
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    out, err = p.communicate(timeout=120)
+    return p.returncode, out, err
+
+
+@pytest.fixture
+def copy_of(small, tmp_path):
+    d = tmp_path / "ck"
+    d.mkdir()
+    for f in small.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    return d
+
+
+def test_verify_file_written_after_the_load_is_exit_8(copy_of):
+    shard = sorted(copy_of.glob("*.safetensors"))[0]
+    name, begin, end = largest_tensor(shard)
+    # (with --io mmap the loaded tensors are views of the file: they change
+    # with it, and verify rightly finds them equal)
+    for io in ("pread", "uring"):
+        code, out, err = verify_stopped_before_compare(
+            copy_of, lambda: flip_in_place(shard, (begin + end) // 2), "--io", io)
+        assert code == 8, (io, code, err)
+        assert f"{shard}: file changed during the comparison (status change time changed)" in err
+        assert f'tensor "{name}" differs at byte' in err
+        assert "verified" not in out
+    # flipped twice: the original bytes, and a plain verify passes
+    r = fst("verify", copy_of)
+    assert r.returncode == 0, r.stderr
+
+
+def test_verify_file_changed_and_touched_after_the_load(copy_of):
+    shard = sorted(copy_of.glob("*.safetensors"))[1]
+    _, begin, end = largest_tensor(shard)
+    code, _, err = verify_stopped_before_compare(
+        copy_of, lambda: flip_in_place(shard, begin, keep_mtime=False))
+    assert code == 8, err
+    assert "modification time changed, status change time changed" in err
+
+
+def test_verify_file_truncated_after_the_load(copy_of):
+    shard = sorted(copy_of.glob("*.safetensors"))[0]
+    size = shard.stat().st_size
+    code, _, err = verify_stopped_before_compare(copy_of, lambda: os.truncate(shard, size // 2))
+    assert code == 8, err
+    assert f"size {size} -> {size // 2}" in err
+
+
+def test_verify_path_replaced_after_the_load(copy_of, tmp_path):
+    shard = sorted(copy_of.glob("*.safetensors"))[0]
+    _, begin, _ = largest_tensor(shard)
+    other = tmp_path / "other"
+    raw = bytearray(shard.read_bytes())
+    raw[begin] ^= 1
+    other.write_bytes(bytes(raw))
+    code, _, err = verify_stopped_before_compare(copy_of, lambda: os.rename(other, shard))
+    assert code == 8, err
+    assert "the path now names another file than the one loaded" in err
+
+
+def test_verify_no_change_no_stop_effect(copy_of):
+    """The stop point itself changes nothing."""
+    code, out, err = verify_stopped_before_compare(copy_of, lambda: None)
+    assert code == 0, err
+    assert out.startswith("verified ")
+
+
+def test_verify_under_a_writer_never_calls_a_change_a_mismatch(gen_dir, tmp_path):
+    """A thread keeps flipping one byte of a tensor in place, putting the
+    modification time back each time, while verify runs again and again:
+    whenever the loaded bytes and the file's differ, the file changed, so
+    the exit is 8 (or 0 when the load and the comparison saw the same
+    byte), never 3. The writer sleeps between writes, so two writes never
+    share a timestamp tick (ctime is coarse)."""
+    import threading
+    import time
+    src = gen_dir(shards=2, seed=22, size="32MiB", tag="-progress")
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    for f in src.iterdir():
+        (ck / f.name).write_bytes(f.read_bytes())
+    shard = sorted(ck.glob("*.safetensors"))[0]
+    _, begin, end = largest_tensor(shard)
+    stop = threading.Event()
+
+    def writer():
+        while not stop.is_set():
+            flip_in_place(shard, end - 1)
+            time.sleep(0.01)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    codes = []
+    try:
+        deadline = time.monotonic() + 20
+        while len(codes) < 12 and time.monotonic() < deadline:
+            r = fst("verify", ck, "--io", "pread")
+            codes.append(r.returncode)
+            assert r.returncode in (0, 8), (codes, r.stderr)
+            if r.returncode == 8:
+                assert "changed" in r.stderr, r.stderr
+    finally:
+        stop.set()
+        t.join()
+    assert codes
