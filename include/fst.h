@@ -92,6 +92,14 @@ FST_API const char *fst_strerror(int code);
  * spec (since 0.1).
  */
 FST_API int fst_fault_set(const char *spec, fst_error *err);
+/*
+ * How many failures were injected since the rules were last set (by
+ * fst_fault_set, or FST_FAULT at the first check); 0 when none. When buf is
+ * not NULL it gets the most recent one as "site SITE, call N" ("" when
+ * none), so that an error message can say its failure was injected, and
+ * where. Thread safe (since 0.1).
+ */
+FST_API long fst_fault_last(char *buf, size_t size);
 
 /* ---------------------------------------------------------------- logging */
 

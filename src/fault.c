@@ -31,6 +31,10 @@ struct rule {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct rule rules[NSITES];
+/* What was injected since the rules were set (under lock): an error
+ * message can then say that its failure was a test's, and where. */
+static long injected, last_call;
+static int last_site;
 static atomic_int armed;
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
@@ -107,9 +111,26 @@ int fst_fault_set(const char *spec, fst_error *err)
 	}
 	pthread_mutex_lock(&lock);
 	memcpy(rules, fresh, sizeof rules);
+	injected = last_call = 0;
+	last_site = 0;
 	atomic_store(&armed, any);
 	pthread_mutex_unlock(&lock);
 	return 0;
+}
+
+long fst_fault_last(char *buf, size_t size)
+{
+	pthread_mutex_lock(&lock);
+	long n = injected, call = last_call;
+	int site = last_site;
+	pthread_mutex_unlock(&lock);
+	if (buf && size) {
+		if (n)
+			snprintf(buf, size, "site %s, call %ld", fault_sites[site], call);
+		else
+			buf[0] = '\0';
+	}
+	return n;
 }
 
 static void read_env(void)
@@ -133,8 +154,12 @@ int fsti_fault(const char *site)
 	struct rule *r = &rules[i];
 	if (r->nth) {
 		r->calls++;
-		if (r->calls == r->nth || (r->persistent && r->calls > r->nth))
+		if (r->calls == r->nth || (r->persistent && r->calls > r->nth)) {
 			fail = r->errnum;
+			injected++;
+			last_site = i;
+			last_call = r->calls;
+		}
 	}
 	pthread_mutex_unlock(&lock);
 	if (fail)

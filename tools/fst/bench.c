@@ -66,44 +66,89 @@ static int collect_files(const fst_checkpoint *ck, struct files *fs)
 	return 0;
 }
 
-static void evict(const struct files *fs)
-{
-	for (size_t i = 0; i < fs->n; i++) {
-		int fd = open(fs->path[i], O_RDONLY);
-		if (fd >= 0) {
-			fdatasync(fd);
-			posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-			close(fd);
-		}
-	}
-}
-
-/* Fraction of the files' pages in the page cache. */
-static double resident(const struct files *fs)
+/* Fraction of the files' pages in the page cache, or -1 with the reason in
+ * why when it cannot be told. */
+static double resident(const struct files *fs, char *why, size_t whylen)
 {
 	uint64_t in = 0, all = 0;
 	long page = sysconf(_SC_PAGESIZE);
 	unsigned char *vec = malloc(1 << 20);
-	for (size_t i = 0; vec && i < fs->n; i++) {
-		int fd = open(fs->path[i], O_RDONLY);
-		if (fd < 0)
+	if (!vec) {
+		snprintf(why, whylen, "out of memory for mincore");
+		return -1;
+	}
+	double rc = 0;
+	for (size_t i = 0; i < fs->n && rc == 0; i++) {
+		if (!fs->size[i])
 			continue;
-		void *m = mmap(NULL, fs->size[i], PROT_READ, MAP_SHARED, fd, 0);
+		int fd = open(fs->path[i], O_RDONLY | O_CLOEXEC);
+		void *m = fd < 0 ? MAP_FAILED
+				 : mmap(NULL, fs->size[i], PROT_READ, MAP_SHARED, fd, 0);
+		if (m == MAP_FAILED) {
+			snprintf(why, whylen, "%.150s: cannot %s it to measure: %s", fs->path[i],
+				 fd < 0 ? "open" : "map", strerror(errno));
+			if (fd >= 0)
+				close(fd);
+			rc = -1;
+			break;
+		}
 		close(fd);
-		if (m == MAP_FAILED)
-			continue;
 		uint64_t pages = (fs->size[i] + (uint64_t)page - 1) / (uint64_t)page;
 		for (uint64_t p = 0; p < pages; p += 1 << 20) {
 			uint64_t k = pages - p < (1 << 20) ? pages - p : (1 << 20);
-			if (mincore((char *)m + p * (uint64_t)page, k * (uint64_t)page, vec) == 0)
-				for (uint64_t j = 0; j < k; j++)
-					in += vec[j] & 1;
+			if (mincore((char *)m + p * (uint64_t)page, k * (uint64_t)page, vec)) {
+				snprintf(why, whylen, "%.150s: mincore: %s", fs->path[i],
+					 strerror(errno));
+				rc = -1;
+				break;
+			}
+			for (uint64_t j = 0; j < k; j++)
+				in += vec[j] & 1;
 			all += k;
 		}
 		munmap(m, fs->size[i]);
 	}
 	free(vec);
-	return all ? (double)in / (double)all : 0;
+	return rc < 0 ? -1 : all ? (double)in / (double)all : 0;
+}
+
+/* Evict the files from the page cache (their clean pages; no privilege
+ * needed) and check that they left it: false, with the reason in why, when
+ * a call failed or more than 1% of the pages stayed (tmpfs keeps them
+ * there; pages mapped or locked by another process stay too). A cold row
+ * measured after a false would be a warm one. */
+static bool evict(const struct files *fs, double *left, char *why, size_t whylen)
+{
+	*left = -1;
+	for (size_t i = 0; i < fs->n; i++) {
+		int fd = open(fs->path[i], O_RDONLY | O_CLOEXEC);
+		if (fd < 0) {
+			snprintf(why, whylen, "%.150s: cannot open: %s", fs->path[i], strerror(errno));
+			return false;
+		}
+		int e = fdatasync(fd) ? errno : 0;
+		/* posix_fadvise returns the error, it does not set errno */
+		int f = e ? 0 : posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+		close(fd);
+		if (e || f) {
+			snprintf(why, whylen, "%.150s: %s: %s", fs->path[i],
+				 e ? "fdatasync" : "posix_fadvise(DONTNEED)", strerror(e ? e : f));
+			return false;
+		}
+	}
+	char rwhy[200] = "";
+	*left = resident(fs, rwhy, sizeof rwhy);
+	if (*left < 0) {
+		snprintf(why, whylen, "cannot tell whether the files left it: %s", rwhy);
+		return false;
+	}
+	if (*left > 0.01) {
+		snprintf(why, whylen, "%.0f%% of the files' pages still cached after "
+				      "posix_fadvise(DONTNEED)",
+			 *left * 100);
+		return false;
+	}
+	return true;
 }
 
 /* A plain single-threaded read of every file into one reused buffer. */
@@ -349,7 +394,7 @@ static void reuse_free(void *ctx, void *ptr, uint64_t size, int device_type, int
 struct row {
 	const char *name;
 	double secs;
-	char note[200];
+	char note[320]; /* room for a skipped row's reason (200) */
 };
 
 int cmd_bench(int argc, char **argv)
@@ -408,6 +453,16 @@ int cmd_bench(int argc, char **argv)
 		cli_error("bench", "%s", err.message);
 		return cli_exit_code(err.code);
 	}
+	/* Every option, the device included, is checked by the library's own
+	 * parser before anything is measured: no row for a bench that cannot
+	 * run. */
+	char plan[FST_ERROR_MSG_MAX + 64];
+	if (fst_load_explain(ck, &lo, plan, sizeof plan, &err) ||
+	    (manifest && cli_check_manifest(manifest, &err))) {
+		cli_error("bench", "%s", err.message);
+		fst_checkpoint_close(ck);
+		return cli_exit_code(err.code);
+	}
 	struct files fs = {0};
 	uint64_t tensor_bytes = fst_checkpoint_total_bytes(ck);
 	if (collect_files(ck, &fs)) {
@@ -439,7 +494,10 @@ int cmd_bench(int argc, char **argv)
 
 	/* warm: read everything once so the page cache holds it */
 	plain_read(&fs);
-	double warm_resident = resident(&fs);
+	char rwhy[200] = "";
+	double warm_resident = resident(&fs, rwhy, sizeof rwhy);
+	if (warm_resident < 0)
+		cli_error("bench", "page-cache residency unknown: %s", rwhy);
 
 	best = 0;
 	for (uint64_t r = 0; r < runs; r++) {
@@ -535,26 +593,44 @@ int cmd_bench(int argc, char **argv)
 	struct row *odirect = NULL, *fst_cold = NULL;
 	double cold_resident = -1;
 	if (cold && rc == EXIT_OK) {
-		evict(&fs);
-		cold_resident = resident(&fs);
+		/* each cold row after an eviction of its own, checked */
+		char ewhy[200];
+		double left;
+		bool evicted = evict(&fs, &cold_resident, ewhy, sizeof ewhy);
 		odirect = &rows[nrows];
-		rows[nrows] = (struct row){"O_DIRECT read limit (cold)",
-					   parallel_read(&fs, dst, threads, true), ""};
-		snprintf(rows[nrows++].note, sizeof rows[0].note,
-			 "%u threads, 16 MiB O_DIRECT pread", threads);
-		evict(&fs);
-		int lrc;
-		double s = fst_once(path, &lo, NULL, why, sizeof why, &lrc);
-		if (lrc)
-			rc = cli_exit_code(lrc);
+		rows[nrows] = (struct row){"O_DIRECT read limit (cold)", 0, ""};
+		if (evicted) {
+			rows[nrows].secs = parallel_read(&fs, dst, threads, true);
+			snprintf(rows[nrows].note, sizeof rows[0].note,
+				 "%u threads, 16 MiB O_DIRECT pread", threads);
+		} else {
+			snprintf(rows[nrows].note, sizeof rows[0].note,
+				 "skipped: cannot evict the page cache (%s)", ewhy);
+		}
+		nrows++;
 		fst_cold = &rows[nrows];
-		rows[nrows] = (struct row){"fst load (cold)", s, ""};
-		snprintf(rows[nrows++].note, sizeof rows[0].note, "%s", why);
+		rows[nrows] = (struct row){"fst load (cold)", 0, ""};
+		if (evicted && (evicted = evict(&fs, &left, ewhy, sizeof ewhy))) {
+			int lrc;
+			rows[nrows].secs = fst_once(path, &lo, NULL, why, sizeof why, &lrc);
+			if (lrc)
+				rc = cli_exit_code(lrc);
+			snprintf(rows[nrows].note, sizeof rows[0].note, "%s", why);
+		} else {
+			snprintf(rows[nrows].note, sizeof rows[0].note,
+				 "skipped: cannot evict the page cache (%s)", ewhy);
+		}
+		nrows++;
 		if (reference) {
-			evict(&fs);
-			s = reference_once(&fs, device, why, sizeof why);
-			rows[nrows] = (struct row){"reference safetensors (cold)", s, ""};
-			snprintf(rows[nrows++].note, sizeof rows[0].note, "%s", why);
+			rows[nrows] = (struct row){"reference safetensors (cold)", 0, ""};
+			if (evicted && (evicted = evict(&fs, &left, ewhy, sizeof ewhy))) {
+				rows[nrows].secs = reference_once(&fs, device, why, sizeof why);
+				snprintf(rows[nrows].note, sizeof rows[0].note, "%s", why);
+			} else {
+				snprintf(rows[nrows].note, sizeof rows[0].note,
+					 "skipped: cannot evict the page cache (%s)", ewhy);
+			}
+			nrows++;
 		}
 	}
 	munmap(dst, span);
@@ -563,26 +639,30 @@ int cmd_bench(int argc, char **argv)
 	 * one's own byte count. */
 	double gb_files = (double)fs.total / 1e9, gb_tensors = (double)tensor_bytes / 1e9;
 	json_t *out = json_object();
-	json_object_set_new(out, "path", json_string(path));
-	json_object_set_new(out, "device", json_string(device));
-	json_object_set_new(out, "file_bytes", json_integer((json_int_t)fs.total));
-	json_object_set_new(out, "tensor_bytes", json_integer((json_int_t)tensor_bytes));
-	json_object_set_new(out, "threads", json_integer(threads));
-	json_object_set_new(out, "runs", json_integer((json_int_t)runs));
-	json_object_set_new(out, "warm_resident", json_real(warm_resident));
-	json_object_set_new(out, "cold_resident", json_real(cold_resident));
-	json_t *arr = json_array();
+	bool ok = cli_json_put_path(out, "path", path) &&
+		  cli_json_put(out, "device", cli_json_text(device)) &&
+		  cli_json_put(out, "file_bytes", json_integer((json_int_t)fs.total)) &&
+		  cli_json_put(out, "tensor_bytes", json_integer((json_int_t)tensor_bytes)) &&
+		  cli_json_put(out, "threads", json_integer(threads)) &&
+		  cli_json_put(out, "runs", json_integer((json_int_t)runs)) &&
+		  cli_json_put(out, "warm_resident", json_real(warm_resident)) &&
+		  cli_json_put(out, "cold_resident", json_real(cold_resident)) &&
+		  cli_json_put(out, "rows", json_array());
+	json_t *arr = ok ? json_object_get(out, "rows") : NULL;
 	if (!as_json) {
 		char hb[32];
 		printf("bench %s on %s: %zu files, %s; %u threads; best of %" PRIu64
 		       " warm runs\n",
 		       path, device, fs.n, cli_human_bytes(hb, sizeof hb, fs.total), threads, runs);
-		if (cold_resident < 0)
-			printf("page cache: %.0f%% resident warm; cold runs not measured\n",
-			       warm_resident * 100);
+		char warm[16] = "unknown", after[16] = "unknown";
+		if (warm_resident >= 0)
+			snprintf(warm, sizeof warm, "%.0f%%", warm_resident * 100);
+		if (cold_resident >= 0)
+			snprintf(after, sizeof after, "%.0f%%", cold_resident * 100);
+		if (!cold)
+			printf("page cache: %s resident warm; cold runs not measured\n", warm);
 		else
-			printf("page cache: %.0f%% resident warm, %.0f%% after eviction\n",
-			       warm_resident * 100, cold_resident * 100);
+			printf("page cache: %s resident warm, %s after eviction\n", warm, after);
 		printf("%-38s %9s %9s  %s\n", "measurement", "seconds", "GB/s", "notes");
 	}
 	for (int i = 0; i < nrows; i++) {
@@ -590,42 +670,51 @@ int cmd_bench(int argc, char **argv)
 		/* rows are timed over the files' bytes (limits) or the tensors'
 		 * (loaders); the copy limit's time was derived from the files' */
 		double gbps = rows[i].secs > 0 ? (limit ? gb_files : gb_tensors) / rows[i].secs : 0;
-		json_array_append_new(arr, json_pack("{s:s, s:f, s:f, s:s}", "name", rows[i].name,
-						     "seconds", rows[i].secs, "gbps", gbps,
-						     "notes", rows[i].note));
+		json_t *row = ok ? json_object() : NULL;
+		ok = cli_json_push(arr, row) &&
+		     cli_json_put(row, "name", json_string(rows[i].name)) &&
+		     cli_json_put(row, "seconds", json_real(rows[i].secs)) &&
+		     cli_json_put(row, "gbps", json_real(gbps)) &&
+		     cli_json_put(row, "notes", cli_json_text(rows[i].note));
 		if (!as_json)
 			printf("%-38s %9.3f %9.2f  %s\n", rows[i].name, rows[i].secs, gbps,
 			       rows[i].note);
 	}
-	json_object_set_new(out, "rows", arr);
-	json_t *ratios = json_object();
+	ok = ok && cli_json_put(out, "ratios", json_object());
+	json_t *ratios = ok ? json_object_get(out, "ratios") : NULL;
 #define RATE(row, gb) ((row) && (row)->secs > 0 ? (gb) / (row)->secs : 0)
 	double fw = RATE(fst_warm, gb_tensors), pl = RATE(pread_limit, gb_files);
 	double rw = RATE(ref_warm, gb_tensors);
 	double fc = RATE(fst_cold, gb_tensors), od = RATE(odirect, gb_files);
 	if (fw && pl)
-		json_object_set_new(ratios, "fst_warm_vs_pread_limit", json_real(fw / pl));
+		ok = ok && cli_json_put(ratios, "fst_warm_vs_pread_limit", json_real(fw / pl));
 	double hl = RATE(h2d, gb_files);
 	if (fw && pl && hl)
-		json_object_set_new(ratios, "fst_warm_vs_min_pread_copy_limit",
-				    json_real(fw / (pl < hl ? pl : hl)));
+		ok = ok && cli_json_put(ratios, "fst_warm_vs_min_pread_copy_limit",
+					json_real(fw / (pl < hl ? pl : hl)));
 	if (fw && rw)
-		json_object_set_new(ratios, "fst_warm_vs_reference", json_real(fw / rw));
+		ok = ok && cli_json_put(ratios, "fst_warm_vs_reference", json_real(fw / rw));
 	double fr = RATE(reused, gb_tensors), fk = RATE(checked_row, gb_tensors);
 	double fkw = RATE(checked_warm, gb_tensors);
 	if (fkw && fw)
-		json_object_set_new(ratios, "fst_checked_vs_unchecked", json_real(fkw / fw));
+		ok = ok && cli_json_put(ratios, "fst_checked_vs_unchecked", json_real(fkw / fw));
 	if (fk && fr)
-		json_object_set_new(ratios, "fst_checked_vs_unchecked_reused_memory",
-				    json_real(fk / fr));
+		ok = ok && cli_json_put(ratios, "fst_checked_vs_unchecked_reused_memory",
+					json_real(fk / fr));
 	if (fr && pl)
-		json_object_set_new(ratios, "fst_reused_memory_vs_pread_limit", json_real(fr / pl));
+		ok = ok && cli_json_put(ratios, "fst_reused_memory_vs_pread_limit",
+					json_real(fr / pl));
 	if (fc && od)
-		json_object_set_new(ratios, "fst_cold_vs_odirect_limit", json_real(fc / od));
-	json_object_set_new(out, "ratios", ratios);
+		ok = ok && cli_json_put(ratios, "fst_cold_vs_odirect_limit", json_real(fc / od));
 	if (as_json) {
-		json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
-		fputc('\n', stdout);
+		int jrc = cli_print_json("bench", out, ok);
+		if (rc == EXIT_OK)
+			rc = jrc;
+	} else if (!ok) {
+		/* the ratios line is read from the JSON object */
+		cli_error("bench", "out of memory building the ratios");
+		if (rc == EXIT_OK)
+			rc = EXIT_NOMEM;
 	} else {
 		printf("ratios:");
 		const char *k;

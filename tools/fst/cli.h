@@ -4,6 +4,7 @@
 
 #include "fst.h"
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,10 +33,17 @@ bool cli_parse_size(const char *s, uint64_t *out);
 bool cli_parse_uint(const char *s, uint64_t max, uint64_t *out);
 /* "1.50 GiB" into buf. */
 const char *cli_human_bytes(char *buf, size_t size, uint64_t bytes);
+/* The progress bar's line ("\r[###   ] 1.00 GiB / 2.00 GiB  3.21 GB/s  0.3 s
+ * left") for done of total bytes after secs seconds, into buf; padded with
+ * spaces to *width, the widest line drawn before, which it updates, so a
+ * shorter line leaves nothing of a longer one. Returns its length. */
+size_t cli_progress_line(char *buf, size_t size, uint64_t done, uint64_t total, double secs,
+			 size_t *width);
 /* Seconds since an arbitrary point (monotonic). */
 double cli_now(void);
 
-/* Print "fst CMD: message" on stderr. */
+/* Print "fst CMD: message" on stderr, and when FST_FAULT injected a failure
+ * " (FST_FAULT injected a failure at site SITE, call N)". */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Load options shared by load, verify and bench (long options only). */
@@ -61,6 +69,41 @@ void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *opts);
 /* Apply FST_FAULT from the environment, failing loudly on a bad spec. */
 int cli_check_fault_env(const char *cmd);
+/* The start of every command (main.c): stdout through a stream that keeps
+ * the errno of its first failed write, for cli_finish_output's message. */
+void cli_init_output(void);
+/* The end of every command (main.c): flush and close stdout, and turn a
+ * write that failed (a full disk, a closed pipe with SIGPIPE ignored) into
+ * EXIT_IO with the reason on stderr, so lost output is never success. An
+ * earlier failure's code is kept. Nothing may write to stdout after it. */
+int cli_finish_output(const char *cmd, int rc);
+/*
+ * JSON output that drops nothing. jansson's constructors return NULL for a
+ * string that is not UTF-8 (or out of memory), and json_object_set_new and
+ * json_array_append_new given NULL fail without a word: an entry would
+ * vanish. Every step here reports failure instead, and cli_print_json
+ * refuses a document that lost one (exit 5).
+ */
+bool cli_utf8_valid(const char *s);
+/* s as a JSON string; bytes that are not UTF-8 become U+FFFD each. NULL
+ * only out of memory. */
+json_t *cli_json_text(const char *s);
+/* Set or append value (stolen, NULL allowed); false when it did not go in. */
+bool cli_json_put(json_t *obj, const char *key, json_t *value);
+bool cli_json_push(json_t *arr, json_t *value);
+/* obj[key] = the path as cli_json_text makes it, and when the path is not
+ * UTF-8 also obj[key + "_bytes"] = its bytes in hex, so nothing is lost. */
+bool cli_json_put_path(json_t *obj, const char *key, const char *path);
+/* Print doc on stdout (indent 1, keys in order) unless it is NULL or
+ * !complete (then exit 5, nothing printed); EXIT_OK, EXIT_NOMEM or EXIT_IO. */
+int cli_print_json(const char *cmd, const json_t *doc, bool complete);
+
+/* Write doc (json_dumpf flags) and a newline to the file path: into a
+ * temporary file beside it, synced and renamed over it, so that a failed
+ * write leaves the old file (or none), never a truncated one; a path that
+ * is not a regular file (/dev/stdout, a FIFO) is written in place. Returns
+ * 0 or the errno value of the failure. */
+int cli_write_json_file(const char *path, const json_t *doc, size_t flags);
 /* Peak resident set size of this process, bytes. */
 uint64_t cli_peak_rss(void);
 
@@ -76,6 +119,9 @@ const char *cli_basename(const char *path);
  * difference. */
 int cli_load_checked(const fst_checkpoint *ck, const fst_load_opts *lo, const char *manifest,
 		     fst_buffer **out, size_t *checked, fst_error *err);
+/* What cli_load_checked checks before it loads: the XXH3 kernel, and that
+ * manifest can be read and is one. */
+int cli_check_manifest(const char *manifest, fst_error *err);
 
 int cmd_inspect(int argc, char **argv);
 int cmd_gen(int argc, char **argv);

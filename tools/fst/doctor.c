@@ -53,30 +53,50 @@ int cmd_doctor(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	const char *path = optind < argc ? argv[optind] : NULL;
+	if (device && !path) {
+		/* Nothing will be loaded, but a bad --device is still a usage
+		 * error, found by the library's parser (on no checkpoint). */
+		fst_checkpoint *none;
+		fst_load_opts lo;
+		fst_load_opts_init(&lo);
+		lo.device = device;
+		char why[FST_ERROR_MSG_MAX + 64];
+		fst_error derr;
+		if (fst_checkpoint_from_files(NULL, 0, &none, &derr)) {
+			cli_error("doctor", "%s", derr.message);
+			return cli_exit_code(derr.code);
+		}
+		int drc = fst_load_explain(none, &lo, why, sizeof why, &derr);
+		fst_checkpoint_close(none);
+		if (drc == FST_EUSAGE) {
+			cli_error("doctor", "%s", derr.message);
+			return EXIT_USAGE;
+		}
+	}
 	json_t *out = json_object();
-	json_object_set_new(out, "version", json_string(fst_version()));
+	bool ok = cli_json_put(out, "version", cli_json_text(fst_version()));
 	if (!as_json)
 		printf("fst %s\n", fst_version());
 
 	int version = 0, count = 0;
 	char lib[256] = "";
 	fst_error err;
-	json_t *cuda = json_object();
-	json_object_set_new(out, "cuda", cuda);
+	ok = ok && cli_json_put(out, "cuda", json_object());
+	json_t *cuda = ok ? json_object_get(out, "cuda") : NULL;
 	if (fst_cuda_driver(&version, &count, lib, sizeof lib, &err)) {
-		json_object_set_new(cuda, "available", json_false());
-		json_object_set_new(cuda, "reason", json_string(err.message));
+		ok = ok && cli_json_put(cuda, "available", json_false()) &&
+		     cli_json_put(cuda, "reason", cli_json_text(err.message));
 		if (!as_json)
 			printf("CUDA: not available: %s\n", err.message);
 	} else {
-		json_object_set_new(cuda, "available", json_true());
-		json_object_set_new(cuda, "driver_version", json_integer(version));
-		json_object_set_new(cuda, "library", json_string(lib));
+		ok = ok && cli_json_put(cuda, "available", json_true()) &&
+		     cli_json_put(cuda, "driver_version", json_integer(version)) &&
+		     cli_json_put(cuda, "library", cli_json_text(lib));
 		if (!as_json)
 			printf("CUDA: driver %d.%d (%s), %d device%s\n", version / 1000,
 			       version % 1000 / 10, lib, count, count == 1 ? "" : "s");
-		json_t *devs = json_array();
-		json_object_set_new(cuda, "devices", devs);
+		ok = ok && cli_json_put(cuda, "devices", json_array());
+		json_t *devs = ok ? json_object_get(cuda, "devices") : NULL;
 		for (int i = 0; i < count; i++) {
 			fst_cuda_device d;
 			if (fst_cuda_device_info(i, &d, &err)) {
@@ -108,7 +128,7 @@ int cmd_doctor(int argc, char **argv)
 					printf("    pinned host-to-device copy failed: %s\n", why);
 			}
 			fst_gds_report g;
-			json_t *gj = json_null();
+			bool probed = false;
 			if (fst_gds_probe(i, &g, &err) == 0) {
 				if (!as_json) {
 					printf("    GPUDirect Storage: %s\n",
@@ -121,22 +141,34 @@ int cmd_doctor(int argc, char **argv)
 					       g.compat_allowed < 0 ? "unknown" : g.compat_allowed ? "true" : "false");
 					printf("      because: %s\n", g.reason);
 				}
-				gj = json_pack("{s:b, s:b, s:b, s:b, s:i, s:i, s:i, s:i, s:b, s:s}",
-					       "library", g.library, "nvfs_devices", g.nvfs_devices,
-					       "driver_opened", g.driver_opened, "integrated",
-					       g.integrated, "gpu_direct_rdma", g.gpu_direct_rdma,
-					       "nvfs_major", (int)g.nvfs_major, "nvfs_minor",
-					       (int)g.nvfs_minor, "compat_allowed", g.compat_allowed,
-					       "usable", g.usable, "reason", g.reason);
+				probed = true;
 			}
-			json_array_append_new(
-				devs, json_pack("{s:i, s:s, s:I, s:I, s:i, s:i, s:s, s:i, s:i, s:f, s:o}",
-						"index", i, "name", d.name, "total_memory",
-						(json_int_t)d.total_memory, "free_memory",
-						(json_int_t)d.free_memory, "integrated", d.integrated,
-						"gpu_direct_rdma", d.gpu_direct_rdma, "pci_bus_id",
-						d.pci_bus_id, "pcie_gen", d.pcie_gen, "pcie_width",
-						d.pcie_width, "pinned_h2d_gbps", gbps, "gds", gj));
+			/* strings from the driver or the environment (a library's
+			 * path in a reason) need not be UTF-8 */
+			json_t *dj = ok ? json_object() : NULL;
+			ok = cli_json_push(devs, dj) && cli_json_put(dj, "index", json_integer(i)) &&
+			     cli_json_put(dj, "name", cli_json_text(d.name)) &&
+			     cli_json_put(dj, "total_memory", json_integer((json_int_t)d.total_memory)) &&
+			     cli_json_put(dj, "free_memory", json_integer((json_int_t)d.free_memory)) &&
+			     cli_json_put(dj, "integrated", json_integer(d.integrated)) &&
+			     cli_json_put(dj, "gpu_direct_rdma", json_integer(d.gpu_direct_rdma)) &&
+			     cli_json_put(dj, "pci_bus_id", cli_json_text(d.pci_bus_id)) &&
+			     cli_json_put(dj, "pcie_gen", json_integer(d.pcie_gen)) &&
+			     cli_json_put(dj, "pcie_width", json_integer(d.pcie_width)) &&
+			     cli_json_put(dj, "pinned_h2d_gbps", json_real(gbps)) &&
+			     cli_json_put(dj, "gds", probed ? json_object() : json_null());
+			json_t *gj = ok && probed ? json_object_get(dj, "gds") : NULL;
+			if (gj)
+				ok = cli_json_put(gj, "library", json_boolean(g.library)) &&
+				     cli_json_put(gj, "nvfs_devices", json_boolean(g.nvfs_devices)) &&
+				     cli_json_put(gj, "driver_opened", json_boolean(g.driver_opened)) &&
+				     cli_json_put(gj, "integrated", json_boolean(g.integrated)) &&
+				     cli_json_put(gj, "gpu_direct_rdma", json_integer(g.gpu_direct_rdma)) &&
+				     cli_json_put(gj, "nvfs_major", json_integer((int)g.nvfs_major)) &&
+				     cli_json_put(gj, "nvfs_minor", json_integer((int)g.nvfs_minor)) &&
+				     cli_json_put(gj, "compat_allowed", json_integer(g.compat_allowed)) &&
+				     cli_json_put(gj, "usable", json_boolean(g.usable)) &&
+				     cli_json_put(gj, "reason", cli_json_text(g.reason));
 		}
 	}
 	if (!device)
@@ -162,14 +194,17 @@ int cmd_doctor(int argc, char **argv)
 				       path, fst_checkpoint_file_count(ck), fst_checkpoint_tensor_count(ck),
 				       cli_human_bytes(hb, sizeof hb, fst_checkpoint_total_bytes(ck)),
 				       device, why);
-			json_object_set_new(out, "load", json_pack("{s:s, s:s, s:s}", "path", path,
-								   "device", device, "plan", why));
+			json_t *lj = ok ? json_object() : NULL;
+			ok = cli_json_put(out, "load", lj) && cli_json_put_path(lj, "path", path) &&
+			     cli_json_put(lj, "device", cli_json_text(device)) &&
+			     cli_json_put(lj, "plan", cli_json_text(why));
 			fst_checkpoint_close(ck);
 		}
 	}
 	if (as_json) {
-		json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
-		fputc('\n', stdout);
+		int jrc = cli_print_json("doctor", out, ok);
+		if (rc == EXIT_OK)
+			rc = jrc;
 	}
 	json_decref(out);
 	return rc;

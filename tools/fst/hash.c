@@ -355,6 +355,17 @@ static int tensor_digest(struct checker *k, const fst_tensor_view *v, char hex[3
 	return 0;
 }
 
+/* The path of the file that holds the tensor called name. */
+static const char *shard_of(const fst_checkpoint *ck, const char *name)
+{
+	long t = fst_checkpoint_find(ck, name);
+	fst_tensor_info info;
+	size_t fi = 0;
+	if (t < 0 || fst_checkpoint_tensor(ck, (size_t)t, &info, &fi))
+		return "?";
+	return fst_file_path(fst_checkpoint_file(ck, fi));
+}
+
 /* One checking thread: takes tensors as the loader hands them out. */
 static void *check_main(void *arg)
 {
@@ -372,8 +383,8 @@ static void *check_main(void *arg)
 			rc = tensor_digest(k, &v, hex, &e);
 			if (!rc && (!json_is_string(w) || strcmp(json_string_value(w), hex))) {
 				snprintf(e.message, sizeof e.message,
-					 "tensor \"%s\": XXH3-128%s %s but the manifest %s%s", v.name,
-					 k->trees ? " tree" : "", hex,
+					 "%s: tensor \"%s\": XXH3-128%s %s but the manifest %s%s",
+					 shard_of(k->ck, v.name), v.name, k->trees ? " tree" : "", hex,
 					 w ? "says " : "does not list it",
 					 w ? json_string_value(w) : "");
 				e.code = rc = FST_EMISMATCH;
@@ -434,8 +445,30 @@ static void checker_free(struct checker *k)
 /* Read the manifest: its trees when it has them, else its plain digests. */
 static json_t *read_manifest(const char *manifest, struct checker *k, fst_error *err)
 {
+	/* A manifest that cannot be read is an I/O error with its reason;
+	 * jansson would only say "unable to open". */
+	FILE *fp = fopen(manifest, "r");
+	if (!fp) {
+		int e = errno;
+		snprintf(err->message, sizeof err->message, "%s: cannot open the manifest: %s",
+			 manifest, strerror(e));
+		err->sys_errno = e;
+		err->code = e == ENOMEM ? FST_ENOMEM : FST_EIO;
+		return NULL;
+	}
 	json_error_t jerr;
-	json_t *m = json_load_file(manifest, 0, &jerr);
+	errno = 0;
+	json_t *m = json_loadf(fp, 0, &jerr);
+	int read_errno = ferror(fp) ? (errno ? errno : EIO) : 0;
+	fclose(fp);
+	if (read_errno) {
+		json_decref(m);
+		snprintf(err->message, sizeof err->message, "%s: cannot read the manifest: %s",
+			 manifest, strerror(read_errno));
+		err->sys_errno = read_errno;
+		err->code = FST_EIO;
+		return NULL;
+	}
 	json_t *tensors = m ? json_object_get(m, "tensors") : NULL;
 	json_t *trees = m ? json_object_get(m, "trees") : NULL;
 	json_t *block = m ? json_object_get(m, "tree_block") : NULL;
@@ -463,6 +496,16 @@ static json_t *read_manifest(const char *manifest, struct checker *k, fst_error 
 		k->block = (uint64_t)b;
 	}
 	return m;
+}
+
+int cli_check_manifest(const char *manifest, fst_error *err)
+{
+	struct checker k = {.x = cli_xxh3(NULL)};
+	if (!k.x)
+		return no_kernel(err);
+	json_t *m = read_manifest(manifest, &k, err);
+	json_decref(m);
+	return m ? 0 : err->code;
 }
 
 int cli_load_checked(const fst_checkpoint *ck, const fst_load_opts *lo, const char *manifest,

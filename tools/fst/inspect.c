@@ -32,33 +32,52 @@ static uint64_t alignment_of(uint64_t off)
 	return a;
 }
 
-static json_t *file_json(const fst_file *f)
+/* Appends one file's object to out; false when any part of it could not
+ * be built. Containers go into their parent first and are filled after, so
+ * that nothing leaks when a step fails. */
+static bool file_json(json_t *out, const fst_file *f)
 {
-	json_t *tensors = json_array();
-	for (size_t i = 0; i < fst_file_tensor_count(f); i++) {
-		fst_tensor_info t;
-		fst_file_tensor(f, i, &t);
-		json_t *shape = json_array();
-		for (uint32_t d = 0; d < t.ndim; d++)
-			json_array_append_new(shape, json_integer((json_int_t)t.shape[d]));
-		json_array_append_new(tensors,
-				      json_pack("{s:s, s:s, s:o, s:[I, I]}", "name", t.name,
-						"dtype", fst_dtype_name(t.dtype), "shape", shape,
-						"data_offsets", (json_int_t)t.begin,
-						(json_int_t)t.end));
-	}
-	json_t *meta = json_null();
-	if (fst_file_metadata_count(f)) {
-		meta = json_object();
-		for (size_t i = 0; i < fst_file_metadata_count(f); i++) {
+	json_t *o = json_object();
+	bool ok = cli_json_push(out, o) && cli_json_put_path(o, "path", fst_file_path(f)) &&
+		  cli_json_put(o, "ok", json_true()) &&
+		  cli_json_put(o, "data_offset", json_integer((json_int_t)fst_file_data_offset(f)));
+	if (ok && fst_file_metadata_count(f)) {
+		ok = cli_json_put(o, "metadata", json_object());
+		json_t *meta = json_object_get(o, "metadata");
+		for (size_t i = 0; ok && i < fst_file_metadata_count(f); i++) {
 			const char *k, *v;
 			fst_file_metadata(f, i, &k, &v);
-			json_object_set_new(meta, k, json_string(v));
+			ok = cli_json_put(meta, k, cli_json_text(v));
 		}
+	} else {
+		ok = ok && cli_json_put(o, "metadata", json_null());
 	}
-	return json_pack("{s:s, s:b, s:I, s:o, s:o}", "path", fst_file_path(f), "ok", 1,
-			 "data_offset", (json_int_t)fst_file_data_offset(f), "metadata", meta,
-			 "tensors", tensors);
+	ok = ok && cli_json_put(o, "tensors", json_array());
+	json_t *tensors = ok ? json_object_get(o, "tensors") : NULL;
+	for (size_t i = 0; ok && i < fst_file_tensor_count(f); i++) {
+		fst_tensor_info t;
+		fst_file_tensor(f, i, &t);
+		json_t *tj = json_object();
+		/* names are UTF-8 (the header is): a NULL here is memory */
+		ok = cli_json_push(tensors, tj) && cli_json_put(tj, "name", json_string(t.name)) &&
+		     cli_json_put(tj, "dtype", json_string(fst_dtype_name(t.dtype))) &&
+		     cli_json_put(tj, "shape", json_array());
+		json_t *shape = ok ? json_object_get(tj, "shape") : NULL;
+		for (uint32_t d = 0; ok && d < t.ndim; d++)
+			ok = cli_json_push(shape, json_integer((json_int_t)t.shape[d]));
+		ok = ok && cli_json_put(tj, "data_offsets", json_pack("[I, I]", (json_int_t)t.begin,
+									(json_int_t)t.end));
+	}
+	return ok;
+}
+
+/* A failed input's object. */
+static bool error_json(json_t *out, const char *path, const char *message)
+{
+	json_t *o = json_object();
+	return cli_json_push(out, o) && cli_json_put_path(o, "path", path) &&
+	       cli_json_put(o, "ok", json_false()) &&
+	       cli_json_put(o, "error", cli_json_text(message));
 }
 
 struct summary {
@@ -147,6 +166,7 @@ int cmd_inspect(int argc, char **argv)
 	struct summary sum;
 	memset(&sum, 0, sizeof sum);
 	size_t files = 0;
+	bool complete = true;
 	for (int i = optind; i < argc; i++) {
 		fst_checkpoint *ck;
 		fst_error err;
@@ -161,24 +181,23 @@ int cmd_inspect(int argc, char **argv)
 				rc = own ? cli_exit_code(err.code) : EXIT_INVALID;
 			}
 			if (out)
-				json_array_append_new(out, json_pack("{s:s, s:b, s:s}", "path",
-								     argv[i], "ok", 0, "error",
-								     err.message));
+				complete = complete && error_json(out, argv[i], err.message);
 			continue;
 		}
 		for (size_t k = 0; k < fst_checkpoint_file_count(ck); k++) {
 			const fst_file *f = fst_checkpoint_file(ck, k);
 			if (out)
-				json_array_append_new(out, file_json(f));
+				complete = complete && file_json(out, f);
 			else
 				print_file(f, &sum);
 			files++;
 		}
 		fst_checkpoint_close(ck);
 	}
-	if (out) {
-		json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
-		fputc('\n', stdout);
+	if (as_json) {
+		int jrc = cli_print_json("inspect", out, complete);
+		if (rc == EXIT_OK)
+			rc = jrc;
 		json_decref(out);
 	} else if (files) {
 		print_summary(&sum, files);

@@ -30,20 +30,15 @@ static void help(FILE *out)
 struct bar {
 	double t0;
 	bool shown;
+	size_t width; /* of the widest line drawn */
 };
 
 static void progress(void *ctx, uint64_t done, uint64_t total)
 {
 	struct bar *b = ctx;
-	double dt = cli_now() - b->t0;
-	double rate = dt > 0 ? (double)done / dt : 0;
-	double left = rate > 0 ? (double)(total - done) / rate : 0;
-	int width = 30, fill = total ? (int)((double)done / (double)total * width) : width;
-	char d[32], t[32];
-	fprintf(stderr, "\r[%.*s%*s] %s / %s  %.2f GB/s  %.1f s left ", fill,
-		"##############################", width - fill, "",
-		cli_human_bytes(d, sizeof d, done), cli_human_bytes(t, sizeof t, total), rate / 1e9,
-		left);
+	char line[256];
+	cli_progress_line(line, sizeof line, done, total, cli_now() - b->t0, &b->width);
+	fputs(line, stderr);
 	b->shown = true;
 }
 
@@ -86,7 +81,7 @@ int cmd_load(int argc, char **argv)
 	if (rc)
 		return rc;
 	const char *path = argv[optind];
-	struct bar bar = {cli_now(), false};
+	struct bar bar = {cli_now(), false, 0};
 	if (show_progress && !as_json && isatty(2)) {
 		lo.progress = progress;
 		lo.progress_ctx = &bar;
@@ -121,18 +116,22 @@ int cmd_load(int argc, char **argv)
 	size_t tensors = fst_buffer_tensor_count(buf);
 	double secs = t2 - t0, gbps = secs > 0 ? (double)bytes / secs / 1e9 : 0;
 	if (as_json) {
-		json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:i, s:f, s:f, s:f, s:s, s:I}",
-				      "path", path, "device", lo.device ? lo.device : "cpu",
-				      "tensors", (json_int_t)tensors, "bytes", (json_int_t)bytes,
-				      "allocated", (json_int_t)fst_buffer_size(buf), "files",
-				      (int)fst_checkpoint_file_count(ck), "open_seconds", t1 - t0,
-				      "seconds", secs, "gbps", gbps, "path_chosen",
-				      fst_buffer_describe(buf), "peak_rss",
-				      (json_int_t)cli_peak_rss());
+		json_t *o = json_object();
+		bool ok = cli_json_put_path(o, "path", path) &&
+			  cli_json_put(o, "device", cli_json_text(lo.device ? lo.device : "cpu")) &&
+			  cli_json_put(o, "tensors", json_integer((json_int_t)tensors)) &&
+			  cli_json_put(o, "bytes", json_integer((json_int_t)bytes)) &&
+			  cli_json_put(o, "allocated", json_integer((json_int_t)fst_buffer_size(buf))) &&
+			  cli_json_put(o, "files",
+				       json_integer((json_int_t)fst_checkpoint_file_count(ck))) &&
+			  cli_json_put(o, "open_seconds", json_real(t1 - t0)) &&
+			  cli_json_put(o, "seconds", json_real(secs)) &&
+			  cli_json_put(o, "gbps", json_real(gbps)) &&
+			  cli_json_put(o, "path_chosen", cli_json_text(fst_buffer_describe(buf))) &&
+			  cli_json_put(o, "peak_rss", json_integer((json_int_t)cli_peak_rss()));
 		if (manifest)
-			json_object_set_new(o, "checked_tensors", json_integer((json_int_t)checked));
-		json_dumpf(o, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
-		fputc('\n', stdout);
+			ok = ok && cli_json_put(o, "checked_tensors", json_integer((json_int_t)checked));
+		rc = cli_print_json("load", o, ok);
 		json_decref(o);
 	} else {
 		char hb[32], rss[32];
@@ -146,5 +145,5 @@ int cmd_load(int argc, char **argv)
 	}
 	fst_buffer_release(buf);
 	fst_checkpoint_close(ck);
-	return EXIT_OK;
+	return rc;
 }

@@ -26,6 +26,7 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+	cli_init_output();
 	if (argc < 2) {
 		usage(stderr);
 		return EXIT_USAGE;
@@ -33,15 +34,15 @@ int main(int argc, char **argv)
 	const char *cmd = argv[1];
 	if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
 		usage(stdout);
-		return EXIT_OK;
+		return cli_finish_output("help", EXIT_OK);
 	}
 	if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
 		printf("fst %s\n", fst_version());
-		return EXIT_OK;
+		return cli_finish_output("version", EXIT_OK);
 	}
 	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
 		if (!strcmp(cmd, commands[i].name))
-			return commands[i].run(argc - 1, argv + 1);
+			return cli_finish_output(cmd, commands[i].run(argc - 1, argv + 1));
 	fprintf(stderr, "fst: unknown command \"%s\"\n", cmd);
 	usage(stderr);
 	return EXIT_USAGE;

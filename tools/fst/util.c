@@ -7,8 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int cli_exit_code(int status)
 {
@@ -85,6 +88,32 @@ const char *cli_human_bytes(char *buf, size_t size, uint64_t bytes)
 	return buf;
 }
 
+size_t cli_progress_line(char *buf, size_t size, uint64_t done, uint64_t total, double secs,
+			 size_t *width)
+{
+	const int bar = 30;
+	double rate = secs > 0 ? (double)done / secs : 0;
+	double left = rate > 0 && total > done ? (double)(total - done) / rate : 0;
+	int fill = total ? (int)((double)(done < total ? done : total) / (double)total * bar) : bar;
+	char d[32], t[32];
+	int n = snprintf(buf, size, "\r[%.*s%*s] %s / %s  %.2f GB/s  %.1f s left", fill,
+			 "##############################", bar - fill, "",
+			 cli_human_bytes(d, sizeof d, done), cli_human_bytes(t, sizeof t, total),
+			 rate / 1e9, left);
+	size_t len = n < 0 ? 0 : (size_t)n < size ? (size_t)n : size - 1;
+	/* The terminal still shows the longest line so far: spaces over its
+	 * tail, or it would read "... 2.3 s left ft". */
+	size_t visible = len ? len - 1 : 0;
+	while (visible < *width && len + 1 < size) {
+		buf[len++] = ' ';
+		visible++;
+	}
+	buf[len] = '\0';
+	if (visible > *width)
+		*width = visible;
+	return len;
+}
+
 double cli_now(void)
 {
 	struct timespec ts;
@@ -98,8 +127,16 @@ void cli_error(const char *cmd, const char *fmt, ...)
 	va_start(ap, fmt);
 	fprintf(stderr, "fst %s: ", cmd);
 	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
 	va_end(ap);
+	/* A test's failure must not pass for a real one ("out of memory"
+	 * with memory to spare): say that one was injected, and where. */
+	char where[96];
+	long n = fst_fault_last(where, sizeof where);
+	if (n == 1)
+		fprintf(stderr, " (FST_FAULT injected a failure at %s)", where);
+	else if (n > 1)
+		fprintf(stderr, " (FST_FAULT injected %ld failures, the last at %s)", n, where);
+	fputc('\n', stderr);
 }
 
 int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *o)
@@ -166,6 +203,248 @@ int cli_check_fault_env(const char *cmd)
 		return EXIT_USAGE;
 	}
 	return EXIT_OK;
+}
+
+/* The errno of the first failed write to standard output. stdio does not
+ * keep it: once a write fails, the flush at the end may find an empty
+ * buffer and succeed, leaving only the error flag. */
+static int out_errno;
+static bool out_wrapped;
+
+static ssize_t out_write(void *cookie, const char *buf, size_t n)
+{
+	(void)cookie;
+	for (size_t done = 0; done < n;) {
+		ssize_t w = write(STDOUT_FILENO, buf + done, n - done);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			if (!out_errno)
+				out_errno = w < 0 ? errno : EIO;
+			return -1;
+		}
+		done += (size_t)w;
+	}
+	return (ssize_t)n;
+}
+
+void cli_init_output(void)
+{
+	cookie_io_functions_t io = {.write = out_write};
+	FILE *f = fopencookie(NULL, "w", io);
+	if (!f)
+		return; /* the plain stream: only the reason may be lost */
+	/* the buffering stdio would give fd 1 */
+	setvbuf(f, NULL, isatty(STDOUT_FILENO) ? _IOLBF : _IOFBF, BUFSIZ);
+	stdout = f;
+	out_wrapped = true;
+}
+
+int cli_finish_output(const char *cmd, int rc)
+{
+	errno = 0;
+	bool failed = fflush(stdout) != 0 || ferror(stdout);
+	int e = out_errno ? out_errno : errno;
+	errno = 0;
+	if (fclose(stdout) != 0 && !failed) {
+		failed = true;
+		e = out_errno ? out_errno : errno;
+	}
+	/* close(2) can be the first to report a failure (NFS, or a disk that
+	 * fills at write-back); EBADF: there was no stdout, and nothing was
+	 * written to it, or the writes failed above. */
+	if (out_wrapped && close(STDOUT_FILENO) != 0 && errno != EBADF && !failed) {
+		failed = true;
+		e = errno;
+	}
+	if (!failed)
+		return rc;
+	if (e)
+		cli_error(cmd, "writing standard output: %s", strerror(e));
+	else
+		cli_error(cmd, "writing standard output failed");
+	return rc == EXIT_OK ? EXIT_IO : rc;
+}
+
+/* Length of the UTF-8 sequence at p when it is one jansson accepts (no
+ * overlong form, no surrogate, at most U+10FFFF), else 0. */
+static size_t utf8_seq(const unsigned char *p)
+{
+	unsigned c = p[0];
+	if (c < 0x80)
+		return 1;
+	size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+	if (!n)
+		return 0;
+	uint32_t cp = c & (0x3F >> (n - 1));
+	for (size_t i = 1; i < n; i++) {
+		if ((p[i] & 0xC0) != 0x80)
+			return 0;
+		cp = cp << 6 | (p[i] & 0x3F);
+	}
+	if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+	    (cp >= 0xD800 && cp <= 0xDFFF))
+		return 0;
+	return n;
+}
+
+bool cli_utf8_valid(const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	for (size_t n; *p; p += n)
+		if (!(n = utf8_seq(p)))
+			return false;
+	return true;
+}
+
+json_t *cli_json_text(const char *s)
+{
+	if (!s)
+		return NULL;
+	if (cli_utf8_valid(s))
+		return json_string(s);
+	size_t len = strlen(s);
+	char *out = malloc(3 * len + 1), *o = out;
+	if (!out)
+		return NULL;
+	for (const unsigned char *p = (const unsigned char *)s; *p;) {
+		size_t n = utf8_seq(p);
+		if (n) {
+			memcpy(o, p, n);
+			o += n;
+			p += n;
+		} else {
+			memcpy(o, "\xEF\xBF\xBD", 3); /* U+FFFD */
+			o += 3;
+			p++;
+		}
+	}
+	*o = '\0';
+	json_t *j = json_string(out);
+	free(out);
+	return j;
+}
+
+bool cli_json_put(json_t *obj, const char *key, json_t *value)
+{
+	/* json_object_set_new drops value on failure, NULL included */
+	return value && json_object_set_new(obj, key, value) == 0;
+}
+
+bool cli_json_push(json_t *arr, json_t *value)
+{
+	return value && json_array_append_new(arr, value) == 0;
+}
+
+bool cli_json_put_path(json_t *obj, const char *key, const char *path)
+{
+	if (!cli_json_put(obj, key, cli_json_text(path)))
+		return false;
+	if (cli_utf8_valid(path))
+		return true;
+	static const char digits[] = "0123456789abcdef";
+	size_t len = strlen(path);
+	char *hex = malloc(2 * len + 1);
+	char *name = malloc(strlen(key) + sizeof "_bytes");
+	bool ok = hex && name;
+	if (ok) {
+		for (size_t i = 0; i < len; i++) {
+			hex[2 * i] = digits[(unsigned char)path[i] >> 4];
+			hex[2 * i + 1] = digits[(unsigned char)path[i] & 15];
+		}
+		hex[2 * len] = '\0';
+		snprintf(name, strlen(key) + sizeof "_bytes", "%s_bytes", key);
+		ok = cli_json_put(obj, name, json_string(hex));
+	}
+	free(hex);
+	free(name);
+	return ok;
+}
+
+int cli_print_json(const char *cmd, const json_t *doc, bool complete)
+{
+	if (!doc || !complete) {
+		cli_error(cmd, "out of memory building the JSON output (nothing printed)");
+		return EXIT_NOMEM;
+	}
+	if (json_dumpf(doc, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER) == 0 &&
+	    fputc('\n', stdout) != EOF)
+		return EXIT_OK;
+	/* a write error is reported once, by cli_finish_output */
+	if (ferror(stdout))
+		return EXIT_IO;
+	cli_error(cmd, "out of memory writing the JSON output");
+	return EXIT_NOMEM;
+}
+
+/* Dump doc and a newline to f and flush it; 0 or an errno value. */
+static int dump(const json_t *doc, size_t flags, FILE *f)
+{
+	errno = 0;
+	if (!json_dumpf(doc, f, flags) && fputc('\n', f) != EOF && !fflush(f) && !ferror(f))
+		return 0;
+	/* no write error: the dump itself failed, for want of memory */
+	return !ferror(f) ? ENOMEM : errno ? errno : EIO;
+}
+
+int cli_write_json_file(const char *path, const json_t *doc, size_t flags)
+{
+	/* Not a regular file (/dev/stdout, a FIFO, /dev/full): written in
+	 * place, since renaming over it would replace the device or pipe. A
+	 * symbolic link is followed, so the file it names is replaced. */
+	struct stat st;
+	bool exists = stat(path, &st) == 0;
+	if (exists && !S_ISREG(st.st_mode)) {
+		FILE *f = fopen(path, "w");
+		if (!f)
+			return errno;
+		int rc = dump(doc, flags, f);
+		if (fclose(f) && !rc)
+			rc = errno ? errno : EIO;
+		return rc;
+	}
+	char *target = exists ? realpath(path, NULL) : strdup(path);
+	if (!target)
+		return errno;
+	size_t len = strlen(target) + sizeof ".tmp.XXXXXX";
+	char *tmp = malloc(len);
+	if (!tmp) {
+		free(target);
+		return ENOMEM;
+	}
+	snprintf(tmp, len, "%s.tmp.XXXXXX", target);
+	int fd = mkstemp(tmp);
+	if (fd < 0) {
+		int e = errno;
+		free(tmp);
+		free(target);
+		return e;
+	}
+	/* mkstemp makes it 0600: give it the mode a plain fopen would have, or
+	 * that of the file it replaces */
+	mode_t mask = umask(0);
+	umask(mask);
+	int rc = fchmod(fd, exists ? st.st_mode & 07777 : 0666 & ~mask) ? errno : 0;
+	FILE *f = rc ? NULL : fdopen(fd, "w");
+	if (!f) {
+		rc = rc ? rc : errno;
+		close(fd);
+	} else {
+		/* flushed to the disk before the rename, so a crash leaves the
+		 * old file or the whole new one */
+		rc = dump(doc, flags, f);
+		if (!rc && fsync(fd))
+			rc = errno;
+		if (fclose(f) && !rc)
+			rc = errno ? errno : EIO;
+	}
+	if (!rc && rename(tmp, target))
+		rc = errno;
+	if (rc)
+		unlink(tmp);
+	free(tmp);
+	free(target);
+	return rc;
 }
 
 uint64_t cli_peak_rss(void)

@@ -12,9 +12,11 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void help(FILE *out)
@@ -33,12 +35,99 @@ static void help(FILE *out)
 		"offset are named), others as for fst load.\n");
 }
 
+/* A file as it was when the checkpoint was opened, to tell a mismatch from
+ * a file that changed under the comparison. The status change time catches
+ * an in-place write whose modification time was put back. */
+struct ident {
+	bool known;
+	dev_t dev;
+	ino_t ino;
+	off_t size;
+	struct timespec mtime, ctime;
+};
+
+static void ident_of(const struct stat *st, struct ident *id)
+{
+	*id = (struct ident){true, st->st_dev, st->st_ino, st->st_size, st->st_mtim, st->st_ctim};
+}
+
+static bool same_time(struct timespec a, struct timespec b)
+{
+	return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
+/* What changed between was and the file open as fd, as "size A -> B,
+ * modification time changed", or "" when nothing did (or cannot be told). */
+static void what_changed(const struct ident *was, int fd, char *out, size_t len)
+{
+	struct stat st;
+	out[0] = '\0';
+	if (!was->known || fstat(fd, &st))
+		return;
+	size_t n = 0;
+	if (st.st_dev != was->dev || st.st_ino != was->ino)
+		n += (size_t)snprintf(out + n, len - n, "%sanother file", n ? ", " : "");
+	if (n < len && st.st_size != was->size)
+		n += (size_t)snprintf(out + n, len - n, "%ssize %lld -> %lld", n ? ", " : "",
+				      (long long)was->size, (long long)st.st_size);
+	if (n < len && !same_time(st.st_mtim, was->mtime))
+		n += (size_t)snprintf(out + n, len - n, "%smodification time changed",
+				      n ? ", " : "");
+	if (n < len && !same_time(st.st_ctim, was->ctime))
+		snprintf(out + n, len - n, "%sstatus change time changed", n ? ", " : "");
+}
+
+/* FST_TEST_STOP=verify-compare: stop (SIGSTOP) after the load, before the
+ * comparison, so that a test can change a file at that point and then
+ * continue the process (SIGCONT). */
+static void test_stop(const char *point)
+{
+	const char *s = getenv("FST_TEST_STOP");
+	if (s && !strcmp(s, point))
+		raise(SIGSTOP);
+}
+
+/* A manifest names files by their last component, as JSON keys: each must
+ * be UTF-8 and unique, or an entry would be lost. */
+static int manifest_names_ok(const fst_checkpoint *ck)
+{
+	for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++) {
+		const char *p = fst_file_path(fst_checkpoint_file(ck, i));
+		const char *base = cli_basename(p);
+		if (!cli_utf8_valid(base)) {
+			cli_error("verify", "%s: a manifest names files by name, and this name is "
+					    "not UTF-8",
+				  p);
+			return EXIT_UNSUPPORTED;
+		}
+		for (size_t j = 0; j < i; j++) {
+			const char *q = fst_file_path(fst_checkpoint_file(ck, j));
+			if (!strcmp(cli_basename(q), base)) {
+				cli_error("verify", "%s and %s: a manifest names files by name, and "
+						    "these two have the same",
+					  q, p);
+				return EXIT_UNSUPPORTED;
+			}
+		}
+	}
+	return EXIT_OK;
+}
+
 /* Each file's SHA-256 and each loaded tensor's XXH3-128; optionally a
  * manifest with both and each tensor's block tree (for `fst load --check`). */
 static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *manifest)
 {
-	json_t *files = json_object(), *tensors = json_object(), *trees = json_object();
-	int rc = EXIT_OK;
+	int rc = manifest ? manifest_names_ok(ck) : EXIT_OK;
+	if (rc)
+		return rc;
+	json_t *m = json_object();
+	bool ok = cli_json_put(m, "format", json_string("fst-manifest-1")) &&
+		  cli_json_put(m, "files", json_object()) &&
+		  cli_json_put(m, "tensors", json_object()) &&
+		  cli_json_put(m, "tree_block", json_integer((json_int_t)CLI_TREE_BLOCK)) &&
+		  cli_json_put(m, "trees", json_object());
+	json_t *files = json_object_get(m, "files"), *tensors = json_object_get(m, "tensors");
+	json_t *trees = json_object_get(m, "trees");
 	for (size_t fi = 0; fi < fst_checkpoint_file_count(ck) && rc == EXIT_OK; fi++) {
 		const char *p = fst_file_path(fst_checkpoint_file(ck, fi));
 		char hex[65];
@@ -49,7 +138,8 @@ static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *m
 			break;
 		}
 		printf("sha256 %s %s\n", hex, p);
-		json_object_set_new(files, cli_basename(p), json_string(hex));
+		if (manifest)
+			ok = ok && cli_json_put(files, cli_basename(p), json_string(hex));
 	}
 	for (size_t i = 0; i < fst_buffer_tensor_count(buf) && rc == EXIT_OK; i++) {
 		fst_tensor_view v;
@@ -62,26 +152,23 @@ static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *m
 			rc = cli_exit_code(e);
 		} else {
 			printf("xxh3-128 %s %s\n", hex, v.name);
-			json_object_set_new(tensors, v.name, json_string(hex));
+			/* tensor names are UTF-8 (the header is): a failure is memory */
 			if (manifest)
-				json_object_set_new(trees, v.name, json_string(tree));
+				ok = ok && cli_json_put(tensors, v.name, json_string(hex)) &&
+				     cli_json_put(trees, v.name, json_string(tree));
 		}
 		fst_view_release(&v);
 	}
 	if (rc == EXIT_OK && manifest) {
-		json_t *m = json_pack("{s:s, s:o, s:o, s:I, s:o}", "format", "fst-manifest-1",
-				      "files", json_incref(files), "tensors", json_incref(tensors),
-				      "tree_block", (json_int_t)CLI_TREE_BLOCK, "trees",
-				      json_incref(trees));
-		if (!m || json_dump_file(m, manifest, JSON_INDENT(1) | JSON_SORT_KEYS)) {
-			cli_error("verify", "%s: cannot write the manifest", manifest);
-			rc = EXIT_IO;
+		int e = ok ? cli_write_json_file(manifest, m, JSON_INDENT(1) | JSON_SORT_KEYS)
+			   : ENOMEM;
+		if (e) {
+			cli_error("verify", "%s: cannot write the manifest: %s", manifest,
+				  strerror(e));
+			rc = e == ENOMEM ? EXIT_NOMEM : EXIT_IO;
 		}
-		json_decref(m);
 	}
-	json_decref(files);
-	json_decref(tensors);
-	json_decref(trees);
+	json_decref(m);
 	return rc;
 }
 
@@ -137,14 +224,30 @@ int cmd_verify(int argc, char **argv)
 		cli_error("verify", "%s", err.message);
 		return cli_exit_code(err.code);
 	}
+	size_t nfiles = fst_checkpoint_file_count(ck);
+	struct ident *was = calloc(nfiles + 1, sizeof *was);
+	if (!was) {
+		cli_error("verify", "out of memory");
+		fst_checkpoint_close(ck);
+		return EXIT_NOMEM;
+	}
+	for (size_t fi = 0; fi < nfiles; fi++) {
+		const fst_file *f = fst_checkpoint_file(ck, fi);
+		struct stat st;
+		int fd = fst_file_fd(f);
+		if (fd >= 0 ? fstat(fd, &st) == 0 : stat(fst_file_path(f), &st) == 0)
+			ident_of(&st, &was[fi]);
+	}
 	double t0 = cli_now();
 	fst_buffer *buf;
 	if ((rc = fst_load(ck, &lo, &buf, &err))) {
 		cli_error("verify", "%s", err.message);
 		fst_checkpoint_close(ck);
+		free(was);
 		return cli_exit_code(rc);
 	}
 	double t1 = cli_now();
+	test_stop("verify-compare");
 
 	const size_t block = 8u << 20;
 	char *want = malloc(block);
@@ -156,12 +259,25 @@ int cmd_verify(int argc, char **argv)
 	}
 	uint64_t checked = 0;
 	size_t ntensors = 0;
+	char changed[256];
 	for (size_t fi = 0; fi < fst_checkpoint_file_count(ck) && rc == EXIT_OK; fi++) {
 		const fst_file *f = fst_checkpoint_file(ck, fi);
 		int fd = open(fst_file_path(f), O_RDONLY | O_CLOEXEC);
 		if (fd < 0) {
 			cli_error("verify", "%s: cannot open: %s", fst_file_path(f), strerror(errno));
 			rc = EXIT_IO;
+			break;
+		}
+		/* the path must still name the file that was loaded */
+		struct stat st;
+		if (was[fi].known && fstat(fd, &st) == 0 &&
+		    (st.st_dev != was[fi].dev || st.st_ino != was[fi].ino)) {
+			cli_error("verify", "%s: file changed during the comparison (the path now "
+					    "names another file than the one loaded); its bytes "
+					    "cannot be trusted",
+				  fst_file_path(f));
+			rc = EXIT_CHANGED;
+			close(fd);
 			break;
 		}
 		for (size_t ti = 0; ti < fst_file_tensor_count(f) && rc == EXIT_OK; ti++) {
@@ -188,9 +304,20 @@ int cmd_verify(int argc, char **argv)
 									      : block);
 				ssize_t r = pread(fd, want, n, (off_t)(info.file_offset + off));
 				if (r != (ssize_t)n) {
-					cli_error("verify", "%s: plain read at offset %" PRIu64
-							    " failed",
-						  fst_file_path(f), info.file_offset + off);
+					int e = r < 0 ? errno : 0;
+					what_changed(&was[fi], fd, changed, sizeof changed);
+					if (changed[0]) {
+						cli_error("verify", "%s: file changed during the "
+								    "comparison (%s); its bytes cannot "
+								    "be trusted",
+							  fst_file_path(f), changed);
+						rc = EXIT_CHANGED;
+						break;
+					}
+					cli_error("verify", "%s: plain read of %zu bytes at offset %" PRIu64
+							    " failed: %s",
+						  fst_file_path(f), n, info.file_offset + off,
+						  e ? strerror(e) : "the file ended early");
 					rc = EXIT_IO;
 					break;
 				}
@@ -204,6 +331,19 @@ int cmd_verify(int argc, char **argv)
 					size_t k = 0;
 					while (got[k] == (unsigned char)want[k])
 						k++;
+					/* a file written to since it was opened differs
+					 * for that reason: not a mismatch of the load */
+					what_changed(&was[fi], fd, changed, sizeof changed);
+					if (changed[0]) {
+						cli_error("verify",
+							  "%s: file changed during the comparison "
+							  "(%s): tensor \"%s\" differs at byte %" PRIu64
+							  " of the tensor, but that says nothing of "
+							  "the load",
+							  fst_file_path(f), changed, info.name, off + k);
+						rc = EXIT_CHANGED;
+						break;
+					}
 					cli_error("verify",
 						  "%s: tensor \"%s\" differs at byte %" PRIu64
 						  " of the tensor (file offset %" PRIu64
@@ -232,6 +372,7 @@ int cmd_verify(int argc, char **argv)
 	if (rc == EXIT_OK && hash)
 		rc = print_hashes(ck, buf, manifest);
 out:
+	free(was);
 	free(want);
 	free(got);
 	fst_buffer_release(buf);
