@@ -95,9 +95,9 @@ def scenario_loader():
           REF["w.4x6"].to(torch.float16))
     check("get_tensor(w.4x6, device=Device)",
           fb.get_tensor("w.4x6", device=Device.from_str("cpu")), REF["w.4x6"])
-    cols = fb.get_multi_cols(["w.4x6", "x.4x6"], dim=0)
+    cols = fb.get_multi_cols(["w.4x6", "x.4x6"], dim=0).get_raw()
     check("get_multi_cols(dim=0)", cols, torch.cat([cut(REF["w.4x6"], 0), cut(REF["x.4x6"], 0)], 0))
-    cols = fb.get_multi_cols(["w.4x6", "x.4x6"], dim=1)
+    cols = fb.get_multi_cols(["w.4x6", "x.4x6"], dim=1).get_raw()
     check("get_multi_cols(dim=1)", cols, torch.cat([cut(REF["w.4x6"], 1), cut(REF["x.4x6"], 1)], 1))
     fb.close()
     fb = loader.copy_files_to_device()

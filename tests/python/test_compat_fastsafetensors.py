@@ -141,7 +141,7 @@ def test_loader_single_rank(ckpt, recorded):
     assert fb.get_tensor_wrapped("f4.4x16").get_shape() == [4, 16]
     # a group of one: every dim is the whole tensor, as in fastsafetensors
     assert same(fb.get_sharded("w.5x3", 0), ref["w.5x3"])
-    cols = fb.get_multi_cols(["w.4x6", "x.4x6"], dim=1)
+    cols = fb.get_multi_cols(["w.4x6", "x.4x6"], dim=1).get_raw()  # wrapped, as fastsafetensors
     assert same(cols, torch.cat([ref["w.4x6"], ref["x.4x6"]], 1))
     assert same(fb.push_tensor("bias.7", 0), ref["bias.7"])
     parts = fb.as_dict(OrderedDict([("w.5x3", 0), ("i.3", -1)]))
@@ -284,6 +284,33 @@ def test_parallel_loader_single_rank(ckpt, recorded):
     assert same(first, ref[name])
 
 
+def test_vllm_call_pattern(ckpt):
+    """vLLM 0.33's fastsafetensors_weights_iterator, with the import changed
+    (and the CPU for its "cuda:N"): keyword arguments as it passes them, and
+    its retry on a RuntimeError naming gds, which fst never raises."""
+    from fst.compat.fastsafetensors import SingleGroup as SG
+    from fst.compat.fastsafetensors.parallel_loader import ParallelLoader as PL
+    d, files, ref = ckpt
+    pg = torch.distributed.group.WORLD if torch.distributed.is_initialized() else SG()
+
+    def weights():
+        pl = PL(pg=pg, hf_weights_files=sorted(files), queue_size=0, use_tqdm_on_load=False,
+                device=str(torch.device("cpu")), nogds=pg.size() > 1)
+        try:
+            for name, tensor in pl.iterate_weights():
+                yield name, tensor
+        except RuntimeError as e:
+            assert "gds" not in str(e)
+            raise
+        finally:
+            pl.close()
+
+    got = {}
+    for name, t in weights():
+        got[name] = t.clone()  # what a model's weight_loader does: copy, then drop
+    assert sorted(got) == sorted(ref) and all(same(got[k], ref[k]) for k in ref)
+
+
 def test_local_group_reads_every_file(ckpt, recorded):
     """A group that is no torch.distributed group (rank() and size() only)
     cannot exchange tensors: each rank reads every file and cuts its own
@@ -363,6 +390,12 @@ def test_numpy_framework(ckpt):
     fb = loader.copy_files_to_device()
     a = fb.get_tensor("x.4x6")
     assert isinstance(a, np.ndarray) and a.tobytes() == raw(ref["x.4x6"]).numpy().tobytes()
+    assert fb.get_tensor("i.3", dtype=np.float32).tolist() == [1.0, -2.0, 3.0]
+    pl = ParallelLoader(None, files, framework="numpy", use_tqdm_on_load=False)
+    got = dict(pl.iterate_weights())
+    assert sorted(got) == sorted(ref)
+    assert all(isinstance(v, np.ndarray) and v.tobytes() == raw(ref[k]).numpy().tobytes()
+               for k, v in got.items())
     with pytest.raises(fst.UsageError, match="numpy arrays live on the CPU"):
         SafeTensorsFileLoader(None, "cuda:0", framework="numpy")
 

@@ -7,6 +7,8 @@ import ctypes
 import logging
 from dataclasses import dataclass
 
+from ._placeholders import placeholder
+
 _log = logging.getLogger("fst.compat.fastsafetensors")
 
 
@@ -66,3 +68,10 @@ def get_cpp_metrics() -> cpp_metrics:
     held for a reader here: the count is 0. (libfst may cache up to 1 GiB
     of pinned staging for the next GPU load; fst.trim() frees it.)"""
     return cpp_metrics(0)
+
+
+# fastsafetensors' raw device buffers and readers, named in its callers'
+# signatures; fst has no such objects (see _placeholders)
+gds_device_buffer = placeholder("fastsafetensors.cpp.gds_device_buffer")
+nogds_file_reader = placeholder("fastsafetensors.cpp.nogds_file_reader")
+gds_file_reader = placeholder("fastsafetensors.cpp.gds_file_reader")

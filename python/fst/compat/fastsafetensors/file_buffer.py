@@ -166,9 +166,10 @@ class FilesBufferOnDevice:
         return self._to(t, device, dtype).get_raw()
 
     def get_multi_cols(self, tensor_names: List[str], dim: int, device: Optional[Device] = None,
-                       dtype: Any = DType.AUTO) -> Any:
+                       dtype: Any = DType.AUTO) -> TensorBase:
         """This rank's blocks along dim of every tensor, concatenated along
-        dim in the order of the files (rank, then file), then of the names."""
+        dim in the order of the files (rank, then file), then of the names;
+        a wrapped tensor, as fastsafetensors returns it (.get_raw())."""
         groups: Dict[Tuple[int, int], List[str]] = {}
         for name in tensor_names:
             groups.setdefault(self._get_rank_lidx(name), []).append(name)
@@ -180,7 +181,7 @@ class FilesBufferOnDevice:
         if not parts:
             raise _support.usage("get_multi_cols: no tensor names")
         t = parts[0] if len(parts) == 1 else self.framework.concat_tensors(parts, dim=dim)
-        return self._to(t, device, dtype).get_raw()
+        return self._to(t, device, dtype)
 
     def as_dict(self, tensor_shard_dim: "OrderedDict[str, int]") -> Dict[str, TensorBase]:
         """{name: this rank's part along its dim (-1: whole)}, as wrapped

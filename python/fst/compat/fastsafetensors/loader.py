@@ -12,13 +12,11 @@ import os
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Union
 
-import fst
-
 from . import _support, cpp
 from .common import SafeTensorsMetadata, TensorFrame
 from .file_buffer import FilesBufferOnDevice
 from .frameworks import get_framework_op
-from .st_types import Device, DType
+from .st_types import DType
 from .tensor_factory import LazyTensorFactory
 
 logger = logging.getLogger("fst.compat.fastsafetensors")

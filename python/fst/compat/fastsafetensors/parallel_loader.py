@@ -14,7 +14,7 @@ the rest of the file is still being read."""
 import logging
 import queue
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import fst
 
@@ -164,9 +164,9 @@ class PipelineParallel:
                             st_dtype = DType(dtype)
                         except ValueError:
                             st_dtype = dtype
-                        t = fw.from_fst(raw, st_dtype, list(shape), device).get_raw()
+                        t = fw.from_fst(raw, st_dtype, list(shape), device)
                         del raw
-                        yield name, (t.clone() if self.need_clone else t)
+                        yield name, (t.clone() if self.need_clone else t).get_raw()
                         del t
                 finally:
                     it.close()
@@ -196,6 +196,8 @@ class PipelineParallel:
 
     def _iterate_group(self) -> Iterator[Tuple[str, Any]]:
         from .file_buffer import FilesBufferOnDevice
+        # the current CUDA device is a thread's own: the collectives run here
+        self.loader.framework.set_device(self.loader.device)
         depth = 1 if self.queue_size < 0 else self.queue_size + 2
         slots = threading.Semaphore(depth)
         out: "queue.Queue" = queue.Queue()
