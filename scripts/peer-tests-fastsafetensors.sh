@@ -107,7 +107,11 @@ export TEST_FASTSAFETENSORS_FRAMEWORK=torch
 unset RANK WORLD_SIZE
 cd "$tmp/tests/unit" || exit 2
 
-summary() { grep -E "^(=+ )?[0-9]+ (passed|failed|error|skipped)|(passed|failed|error|skipped|no tests ran).* in [0-9.]+s" "$1" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//'; }
+summary() {
+	local line
+	line=$(grep -E "(passed|failed|error|skipped|no tests ran).* in [0-9.]+s" "$1" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
+	echo "${line:-no result (see below)}"
+}
 
 ids=()
 for t in "${PUBLIC_SINGLE[@]}"; do ids+=("test_fastsafetensors.py::$t"); done
