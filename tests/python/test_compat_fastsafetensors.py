@@ -158,6 +158,52 @@ def test_loader_single_rank(ckpt, recorded):
     loader.close()
 
 
+def test_header_model_filter_and_memory(ckpt):
+    """SafeTensorsMetadata from a file, a descriptor and host memory;
+    TensorFrame slicing; set_tensor_filter; get_mem_used."""
+    import ctypes
+    d, files, ref = ckpt
+    op = fs.frameworks.get_framework_op("pytorch")
+    meta = fs.SafeTensorsMetadata.from_file(files[1], op)
+    assert meta.metadata == {"shard": "1"} and meta.src == files[1]
+    assert sorted(meta.tensors) == sorted(st_torch.load_file(files[1]))
+    offsets = [t.data_offsets for t in meta.tensors.values()]
+    assert offsets == sorted(offsets) and offsets[0][0] == 0
+    assert meta.tensors["bf.6x2"].dtype == DType.BF16 and meta.tensors["scalar"].shape == []
+    blob = open(files[1], "rb").read()
+    buf = ctypes.create_string_buffer(blob, len(blob))
+    mem = fs.SafeTensorsMetadata.from_buffer(ctypes.addressof(buf), len(blob), "mem", op)
+    with open(files[1], "rb") as f:
+        fd_meta = fs.SafeTensorsMetadata.from_fd(f.fileno(), files[1], op)
+    assert repr(mem.tensors) == repr(fd_meta.tensors) == repr(meta.tensors)
+    assert mem.header_length == meta.header_length == 8 + int.from_bytes(blob[:8], "little")
+    with pytest.raises(fst.FormatError, match="HeaderTooSmall"):
+        fs.SafeTensorsMetadata.from_buffer(ctypes.addressof(buf), 4, "mem", op)
+    with pytest.raises(fst.FormatError, match="InvalidOffset"):
+        fs.SafeTensorsMetadata('{"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}',
+                               8, 100, op)
+
+    frame = fs.TensorFrame(DType.F32, [5, 6], [0, 120], [6, 1], [0, 0], False)
+    sub = frame[1:-1, ::2]
+    assert (sub.shape, sub.offsets, sub.strides, sub.sliced) == ([3, 3], [1, 0], [6, 2], True)
+    assert frame[-1].offsets == [4, 0] and frame[4:1].shape == []
+    with pytest.raises(IndexError):
+        frame[5]
+
+    loader = SafeTensorsFileLoader(SingleGroup(), "cpu")
+    loader.add_filenames({0: files})
+    loader.set_tensor_filter(lambda n: n.startswith("w."))
+    assert sorted(loader.get_keys()) == ["w.4x6", "w.5x3"]
+    assert op.get_mem_used() == 0
+    fb = loader.copy_files_to_device()
+    assert sorted(fb.key_to_rank_lidx) == ["w.4x6", "w.5x3"]
+    assert op.get_mem_used() == ref["w.4x6"].nbytes + ref["w.5x3"].nbytes
+    with pytest.raises(ValueError):
+        fb.get_tensor("bias.7")  # filtered out: not registered, not read
+    fb.close()
+    assert op.get_mem_used() == 0
+
+
 def test_f4_sharding_rules(ckpt):
     """get_native_slices halves F4 bounds and refuses odd ones, as
     fastsafetensors' torch framework does."""
