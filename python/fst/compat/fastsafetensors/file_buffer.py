@@ -257,3 +257,10 @@ class FilesBufferOnDevice:
             for loader in loaders:
                 loader.free_dev_ptrs()
         self.rank_loaders = {}
+
+    def __del__(self):
+        # a buffer collected unclosed holds nothing any more: get_mem_used says so
+        try:
+            self.close()
+        except Exception:
+            pass
