@@ -85,6 +85,8 @@ def scenario_loader():
     except fst.UsageError as e:
         if "released" not in str(e):
             failures.append(f"get_tensor after release: {e}")
+    if fb.get_shape("w.5x3") != [5, 3] or not fb.get_filename("w.5x3").endswith("00000.safetensors"):
+        failures.append("the header's answers went with the released load")
     fb.close()
     fb = loader.copy_files_to_device()
     for name in ("w.5x3", "w.4x6", "f4.4x16", "e8.3x4", "bf.6x2"):

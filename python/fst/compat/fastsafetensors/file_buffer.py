@@ -58,8 +58,10 @@ class FilesBufferOnDevice:
                     where[key] = loader.metadata.src
                     self._counts[(rank, lidx)] = self._counts.get((rank, lidx), 0) + 1
         # fastsafetensors frees a file once every tensor of it went out over
-        # the group: the copies are the ranks' own, the buffer is not needed
-        self.auto_mem_delete = auto_mem_delete and pg.size() > 1
+        # the group: the copies are the ranks' own, the buffer is not needed.
+        # Where nothing goes over a group the tensors are views of the load,
+        # so dropping it would free nothing.
+        self.auto_mem_delete = auto_mem_delete and bool(getattr(pg, "collective", False))
 
     # ---- errors on any rank are errors on every rank
 
@@ -92,14 +94,16 @@ class FilesBufferOnDevice:
             raise _support.unknown("FilesBufferOnDevice", tensor_name)
         return self.key_to_rank_lidx[tensor_name]
 
-    def _factory(self, tensor_name: str) -> Tuple[int, int, LazyTensorFactory]:
+    def _factory(self, tensor_name: str,
+                 live: bool = True) -> Tuple[int, int, LazyTensorFactory]:
         rank, lidx = self._get_rank_lidx(tensor_name)
         try:
             loader = self.rank_loaders[rank][lidx]
         except (KeyError, IndexError):
             raise _support.UnknownTensorError(
                 f"FilesBufferOnDevice: {tensor_name}: the buffer is closed", -1) from None
-        loader.check_live(tensor_name)
+        if live:
+            loader.check_live(tensor_name)
         return rank, lidx, loader
 
     def get_keys(self) -> List[str]:
@@ -110,11 +114,11 @@ class FilesBufferOnDevice:
         fastsafetensors before 0.5 answered; 0.5 raises ValueError)."""
         if tensor_name not in self.key_to_rank_lidx:
             return ""
-        return self._factory(tensor_name)[2].metadata.src
+        return self._factory(tensor_name, live=False)[2].metadata.src
 
     def get_shape(self, tensor_name: str) -> List[int]:
         """The safetensors shape (F4 counts values, not bytes)."""
-        return self._factory(tensor_name)[2].shape(tensor_name)
+        return self._factory(tensor_name, live=False)[2].shape(tensor_name)
 
     # ---- handing out
 
