@@ -45,6 +45,10 @@ class LazyTensorFactory:
                  group: Optional[ProcessGroupBase] = None,
                  options: Optional[Dict[str, Any]] = None,
                  names: Optional[List[str]] = None):
+        """fastsafetensors' arguments, of which factory_idx_bits (for its
+        message tags), copier and disable_cache (its reader and its cache
+        of shuffled tensors) have no use here; `local_rank` says whether
+        this rank reads the file, `options` are fst.load's."""
         self.framework = framework
         self.metadata = metadata
         self.device = device
