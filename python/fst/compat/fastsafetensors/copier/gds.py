@@ -1,0 +1,4 @@
+"""fastsafetensors.copier.gds: see fastsafetensors.copier."""
+from .._placeholders import placeholder
+
+GdsFileCopier = placeholder("fastsafetensors.copier.gds.GdsFileCopier")
