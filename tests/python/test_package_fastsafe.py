@@ -188,12 +188,20 @@ def test_dtype_and_device_conversions(fst_pkg, matrices):
         fb.get_tensor("w.5x4", device="cuda:0")
 
 
-def test_duplicate_keys_refused(fst_pkg, matrices):
-    path, _ = matrices
+def test_duplicate_keys_refused(fst_pkg, matrices, tmp_path):
+    """Two files holding one key are refused; one file registered twice is
+    one file, as in fastsafetensors."""
+    path, arrays = matrices
+    copy = tmp_path / "copy.safetensors"
+    copy.write_bytes(open(path, "rb").read())
     loader = fst_pkg.SafeTensorsFileLoader(fst_pkg.SingleGroup(), "cpu", framework="numpy")
-    loader.add_filenames({0: [path, path]})
+    loader.add_filenames({0: [path, str(copy)]})
     with pytest.raises(fst_pkg.UsageError, match="must be unique"):
         loader.copy_files_to_device()
+    loader = fst_pkg.SafeTensorsFileLoader(fst_pkg.SingleGroup(), "cpu", framework="numpy")
+    loader.add_filenames({0: [path, path]})
+    fb = loader.copy_files_to_device()
+    assert sorted(fb.get_keys()) == sorted(arrays)
 
 
 def test_single_group_class_and_defaults(fst_pkg, matrices):
@@ -245,7 +253,7 @@ def test_pytorch_default_needs_torch(fst_pkg, matrices):
     except ImportError:
         pass
     path, _ = matrices
-    loader = fst_pkg.SafeTensorsFileLoader(fst_pkg.SingleGroup(), "cpu", nogds=True)
-    loader.add_filenames({0: [path]})
-    with pytest.raises(ImportError):
-        loader.copy_files_to_device()
+    # fastsafetensors' framework is chosen when the loader is made: so is
+    # the missing torch found, before any file is added or read
+    with pytest.raises(ImportError, match="torch"):
+        fst_pkg.SafeTensorsFileLoader(fst_pkg.SingleGroup(), "cpu", nogds=True)

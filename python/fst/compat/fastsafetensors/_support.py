@@ -80,8 +80,9 @@ def load_options(bbuf_size_kb: int, max_threads: int, nogds: bool) -> Dict[str, 
     a bounce buffer per reader thread there, so the staging budget is that
     times the threads. GDS stays "auto" unless nogds: fst falls back to
     staged reads where GPUDirect Storage is missing, it never fails for it."""
-    threads = max(0, min(int(max_threads or 0), 64))
-    staging = int(bbuf_size_kb or 0) * 1024 * max(threads, 1)
+    threads = fst._threads(max_threads, "max_threads")
+    staging = fst._count("bbuf_size_kb", bbuf_size_kb, "a size in KiB, 0 or more") * 1024 * \
+        max(threads, 1)
     return dict(threads=threads, staging_bytes=staging, gds="off" if nogds else "auto")
 
 

@@ -12,6 +12,8 @@ import os
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Union
 
+import fst
+
 from . import _support, cpp
 from .common import SafeTensorsMetadata, TensorFrame
 from .file_buffer import FilesBufferOnDevice
@@ -35,6 +37,7 @@ class BaseSafeTensorsFileLoader:
                  disable_cache: bool = True, framework: str = "pytorch",
                  options: Optional[Dict[str, Any]] = None, **ignored):
         self.framework = get_framework_op(framework)
+        self._fw = fst._framework(framework)
         self.pg = self.framework.get_process_group(pg)
         self.device = self.framework.get_device(device, self.pg)
         self.meta: Dict[str, Any] = {}
@@ -130,6 +133,14 @@ class BaseSafeTensorsFileLoader:
                                         group=self.pg, options=self._options, names=names)
             factory.convert(dtype)
             factories[rank].append(factory)
+        # Whether every tensor to be read can be handed out (ml_dtypes for
+        # numpy, torch's unsigned dtypes) is known from the headers: across
+        # all files, before the first is read.
+        for loaders in factories.values():
+            for factory in loaders:
+                if factory.local_rank:  # this rank reads it
+                    fst._check_dtypes(self._fw, [fst.Checkpoint(factory.metadata.src)],
+                                      factory.names)
         if self._chunk_plan:
             wanted: Set[str] = set().union(*map(set, self._chunk_plan.values()))
             keep = wanted.__contains__

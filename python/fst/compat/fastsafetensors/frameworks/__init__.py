@@ -290,7 +290,8 @@ def _numel(shape) -> int:
 
 
 def get_framework_op(name: str) -> FrameworkOpBase:
-    key = (name or "").lower()
+    # a framework that is no str is fst's type error, named like fst.load's
+    key = name.lower() if isinstance(name, str) else fst._framework(name)
     if key in ("pt", "pytorch", "torch"):
         from ._torch import get_framework_op as op
     elif key in ("np", "numpy"):

@@ -5,25 +5,26 @@ float8 on GPUs older than sm90, which fastsafetensors casts to bfloat16."""
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-try:
-    import torch
-    import torch.distributed as dist
-except ImportError as e:
-    raise ImportError("framework 'pytorch' needs torch; install it, or use "
-                      "framework='numpy'") from e
-
 import fst
+
+# fst's MissingDependencyError (an ImportError) names the package to install
+torch = fst._need_torch()
+try:
+    import torch.distributed as dist
+except ImportError:  # a torch built without it: single-process groups only
+    dist = None
 
 from ..st_types import Device, DeviceType, DType
 from . import FrameworkOpBase, LocalGroup, ProcessGroupBase, TensorBase, local_group
 
-dtype_convert: Dict[DType, Any] = {
-    DType.BOOL: torch.bool, DType.U8: torch.uint8, DType.I8: torch.int8,
-    DType.I16: torch.int16, DType.I32: torch.int32, DType.I64: torch.int64,
-    DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.F32: torch.float32,
-    DType.F64: torch.float64, DType.C64: torch.complex64,
-}
-for _d, _name in ((DType.F8_E5M2, "float8_e5m2"), (DType.F8_E4M3, "float8_e4m3fn"),
+# torch's dtype for each DType this torch has (older ones lack the unsigned
+# and float8/float4 types; loads of those are refused, naming the tensor)
+dtype_convert: Dict[DType, Any] = {}
+for _d, _name in ((DType.BOOL, "bool"), (DType.U8, "uint8"), (DType.I8, "int8"),
+                  (DType.I16, "int16"), (DType.I32, "int32"), (DType.I64, "int64"),
+                  (DType.F16, "float16"), (DType.BF16, "bfloat16"), (DType.F32, "float32"),
+                  (DType.F64, "float64"), (DType.C64, "complex64"),
+                  (DType.F8_E5M2, "float8_e5m2"), (DType.F8_E4M3, "float8_e4m3fn"),
                   (DType.F8_E8M0, "float8_e8m0fnu"), (DType.F4, "float4_e2m1fn_x2"),
                   (DType.F8_E4M3FNUZ, "float8_e4m3fnuz"), (DType.F8_E5M2FNUZ, "float8_e5m2fnuz"),
                   (DType.U16, "uint16"), (DType.U32, "uint32"), (DType.U64, "uint64")):
