@@ -21,4 +21,11 @@ PIP_ROOT_USER_ACTION=ignore "$venv/bin/python" -m pip install -q --disable-pip-v
 	--no-deps --no-build-isolation --target "$site" "$repo"
 cd "$build"
 export PYTHONPATH="$site" FST_BIN="${FST_BIN:-$build/fst}" PYTHONUNBUFFERED=1
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$here" "$@"
+# With torch there, the package's torch tests run too (the main tier
+# skips them: its Python has no torch).
+torch_tests=()
+for t in test_package_torch.py test_compat_fastsafetensors.py test_package_fastsafe.py \
+	test_reference_api.py; do
+	[ -f "$repo/tests/python/$t" ] && torch_tests+=("$repo/tests/python/$t")
+done
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$here" "${torch_tests[@]}" "$@"
