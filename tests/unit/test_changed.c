@@ -106,6 +106,7 @@ static void assert_buffer_is(const fst_checkpoint *ck, fst_buffer *buf,
 		const unsigned char *want = lh_expected(ck, &fs, (size_t)fst_checkpoint_find(ck, v.name),
 							&info);
 		lh_assert_bytes(v.name, v.data, want, v.nbytes);
+		fst_view_release(&v);
 	}
 }
 
@@ -210,6 +211,7 @@ static void test_streamed(void **state)
 		lh_assert_bytes(v.name, v.data,
 				lh_expected(ck, &fs, (size_t)fst_checkpoint_find(ck, v.name), &info),
 				v.nbytes);
+		fst_view_release(&v);
 		/* wait until every tensor is ready, so only the check can stop one */
 		uint64_t done = 0, total = 0;
 		do
@@ -290,6 +292,7 @@ static void test_race(void **state)
 						lh_assert_bytes(v.name, v.data,
 								lh_expected(ck, &fs, k, &info),
 								v.nbytes);
+						fst_view_release(&v);
 						rc = 0;
 					}
 					if (rc >= 0 || rc == FST_ECHANGED) {
