@@ -85,6 +85,17 @@ static void write_two_shards(const char *dir, bool index)
 			   "  \"d\": \"model-00002-of-00002.safetensors\"}}\n");
 }
 
+/* Open path, expecting success and n tensors. */
+static void expect_tensors(const char *path, size_t n)
+{
+	fst_checkpoint *c;
+	fst_error err;
+	if (fst_checkpoint_open(path, &c, &err))
+		fail_msg("%s: %s", path, err.message);
+	assert_int_equal(fst_checkpoint_tensor_count(c), n);
+	fst_checkpoint_close(c);
+}
+
 /* Open path expecting failure with code; returns the message. */
 static const char *expect_error(const char *path, int code)
 {
@@ -317,11 +328,7 @@ static void test_incomplete_shard_set(void **state)
 	/* whole again: it opens */
 	write_shard(join(dir, "model-00002-of-00004.safetensors"), (const char *const[]){"c", NULL});
 	write_shard(join(dir, "model-00004-of-00004.safetensors"), (const char *const[]){"d", NULL});
-	fst_checkpoint *c;
-	fst_error err;
-	assert_int_equal(fst_checkpoint_open(dir, &c, &err), 0);
-	assert_int_equal(fst_checkpoint_tensor_count(c), 4);
-	fst_checkpoint_close(c);
+	expect_tensors(dir, 4);
 }
 
 /* Thousands missing: counted, three named, no time spent on the rest. */
@@ -362,12 +369,7 @@ static void test_shard_sets_complete(void **state)
 	write_shard(join(dir, "b-00001-of-00001.safetensors"), (const char *const[]){"c", NULL});
 	write_shard(join(dir, "x-of-3.safetensors"), (const char *const[]){"d", NULL});
 	write_shard(join(dir, "1-of-3.safetensors"), (const char *const[]){"e", NULL});
-	fst_checkpoint *c;
-	fst_error err;
-	if (fst_checkpoint_open(dir, &c, &err))
-		fail_msg("%s", err.message);
-	assert_int_equal(fst_checkpoint_tensor_count(c), 5);
-	fst_checkpoint_close(c);
+	expect_tensors(dir, 5);
 }
 
 /* An index whose shards say "of 3" but names only two of them. */
@@ -493,13 +495,7 @@ static void test_shard_outside_directory(void **state)
 	write_shard(join(dir, "..s2.safetensors"), (const char *const[]){"b", NULL});
 	write_text(join(dir, "model.safetensors.index.json"),
 		   "{\"weight_map\": {\"a\": \"./s1.safetensors\", \"b\": \"..s2.safetensors\"}}");
-	fst_checkpoint *c;
-	fst_error err;
-	int rc = fst_checkpoint_open(dir, &c, &err);
-	if (rc)
-		fail_msg("%s", err.message);
-	assert_int_equal(fst_checkpoint_tensor_count(c), 2);
-	fst_checkpoint_close(c);
+	expect_tensors(dir, 2);
 }
 
 static void test_shard_is_directory(void **state)
