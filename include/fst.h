@@ -317,6 +317,17 @@ FST_API int fst_writer_metadata(fst_writer *w, const char *key, const char *valu
  * renamed, so a failed write leaves no partial file under path) (since 0.1).
  */
 FST_API int fst_writer_finish(fst_writer *w, const char *path, fst_error *err);
+/*
+ * The size in bytes of the file the writer would write now: header and data
+ * (since 0.1).
+ */
+FST_API int fst_writer_size(fst_writer *w, uint64_t *size, fst_error *err);
+/*
+ * Write the whole file, exactly as fst_writer_finish would, into dst, which
+ * holds size bytes: fst_writer_size's answer, or FST_EUSAGE (since 0.1).
+ */
+FST_API int fst_writer_finish_memory(fst_writer *w, void *dst, uint64_t size,
+				     fst_error *err);
 
 /* ---------------------------------------------------------------- loading */
 
