@@ -1,0 +1,1 @@
+"""Other loaders' Python APIs, name for name, over fst's loader."""
