@@ -253,6 +253,9 @@ def same_outcome(got_call, want_call, what, fst_error):
         return
     assert not isinstance(got, Exception), (what, got)
     assert tuple(got.shape) == tuple(want.shape), what
+    if hasattr(want, "cpu"):  # torch, maybe on a GPU
+        assert got.device == want.device and got.dtype == want.dtype, what
+        got, want = got.cpu(), want.cpu()
     assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), what
 
 
@@ -529,3 +532,26 @@ def test_torch_mmap_tensors_may_be_written(torch, st, st_pt, ref_pt, tmp_path):
     assert file_bytes(p) == before
     again = st_pt.load_file(p)
     assert torch.equal(again["w"], torch.zeros(4, 4)) and torch.equal(again["b"], torch.ones(4))
+
+
+def test_gpu_loads_follow_the_reference(torch, st, st_pt, ref_pt, tmp_path):
+    """device="cuda:0" or 0: the tensors land there, for either backend
+    (fst's GPU path for both), with the reference's values and slices."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    p = tmp_path / "g.safetensors"
+    tensors = torch_tensors(torch)
+    ref_pt.save_file(tensors, str(p))
+    for device in ("cuda:0", 0, "cuda"):
+        for backend in ("mmap", "pread"):
+            got = st_pt.load_file(p, device=device, backend=backend)
+            want = ref_pt.load_file(str(p), device=device, backend=backend)
+            for k in tensors:
+                assert got[k].device == want[k].device == torch.device("cuda:0"), k
+                assert got[k].dtype == want[k].dtype and raw(got[k]) == raw(want[k]), k
+            with st.safe_open(p, framework="pt", device=device, backend=backend) as f, \
+                    ref.safe_open(str(p), framework="pt", device=device, backend=backend) as r:
+                s, rs = f.get_slice("f32"), r.get_slice("f32")
+                for idx in (I[1:3], I[:, 1], I[..., -1], I[:20], I[-1:], I[5], I[::2]):
+                    same_outcome(lambda: s[idx], lambda: rs[idx], (device, backend, idx),
+                                 st.SafetensorError)
