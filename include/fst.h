@@ -325,6 +325,17 @@ FST_API int fst_writer_metadata(fst_writer *w, const char *key, const char *valu
  * renamed, so a failed write leaves no partial file under path) (since 0.1).
  */
 FST_API int fst_writer_finish(fst_writer *w, const char *path, fst_error *err);
+/*
+ * The size in bytes of the file the writer would write now: header and data
+ * (since 0.1).
+ */
+FST_API int fst_writer_size(fst_writer *w, uint64_t *size, fst_error *err);
+/*
+ * Write the whole file, exactly as fst_writer_finish would, into dst, which
+ * holds size bytes: fst_writer_size's answer, or FST_EUSAGE (since 0.1).
+ */
+FST_API int fst_writer_finish_memory(fst_writer *w, void *dst, uint64_t size,
+				     fst_error *err);
 
 /* ---------------------------------------------------------------- loading */
 
@@ -398,6 +409,13 @@ typedef struct fst_load_opts {
 			 uint64_t len);
 	void *on_landed_ctx;
 	uint64_t landed_block; /* 0 = 256 KiB; a power of two, 4 KiB to 1 GiB */
+	/*
+	 * FST_IO_MMAP only: map the files private and writable, copy-on-write.
+	 * The tensors can then be written like any memory; a page written
+	 * becomes this process's own copy and the file never changes. Pages
+	 * not written are the page cache's, as with shared mappings (since 0.1).
+	 */
+	int mmap_private;
 } fst_load_opts;
 
 /* Fill opts with the defaults (since 0.1). */
@@ -467,6 +485,9 @@ FST_API int fst_buffer_tensor(fst_buffer *buf, size_t i, fst_tensor_view *out);
 FST_API long fst_buffer_find(const fst_buffer *buf, const char *name);
 /* Bytes allocated for the tensors (0 for mmap buffers) (since 0.1). */
 FST_API uint64_t fst_buffer_size(const fst_buffer *buf);
+/* Nonzero when the tensors must not be written: FST_IO_MMAP without
+ * mmap_private, whose shared mappings are read-only (since 0.1). */
+FST_API int fst_buffer_read_only(const fst_buffer *buf);
 /* Sum of the tensors' bytes (since 0.1). */
 FST_API uint64_t fst_buffer_tensor_bytes(const fst_buffer *buf);
 /* How the load ran and why, e.g. "pread, 2 threads, 16 MiB chunks: files in

@@ -132,5 +132,6 @@ long fst_buffer_find(const fst_buffer *b, const char *name)
 }
 
 uint64_t fst_buffer_size(const fst_buffer *b) { return b->size; }
+int fst_buffer_read_only(const fst_buffer *b) { return b->read_only; }
 uint64_t fst_buffer_tensor_bytes(const fst_buffer *b) { return b->tensor_bytes; }
 const char *fst_buffer_describe(const fst_buffer *b) { return b->describe; }

@@ -442,7 +442,8 @@ static int check_files_unchanged(const fst_checkpoint *ck, const char *when, fst
 	return 0;
 }
 
-/* ---- the mmap "load": read-only views of the files, no copy */
+/* ---- the mmap "load": views of the files, no copy; read-only shared
+ * mappings, or private copy-on-write ones that may be written */
 
 static void release_maps(struct fst_buffer *b)
 {
@@ -463,6 +464,11 @@ static int map_files(struct fsti_engine *e, fst_error *err)
 	if (!b->maps || !b->map_lens)
 		return fsti_err(err, FST_ENOMEM, "out of memory");
 	b->nmaps = nf;
+	/* a private mapping of a file opened read-only may still be writable:
+	 * written pages are copied, the file is never written */
+	int prot = e->opts.mmap_private ? PROT_READ | PROT_WRITE : PROT_READ;
+	int flags = e->opts.mmap_private ? MAP_PRIVATE : MAP_SHARED;
+	b->read_only = !e->opts.mmap_private;
 	for (size_t i = 0; i < nf; i++) {
 		const fst_file *f = fst_checkpoint_file(e->ck, i);
 		if (f->fd < 0)
@@ -470,7 +476,7 @@ static int map_files(struct fsti_engine *e, fst_error *err)
 					"%s: io=mmap needs files, not memory images", f->path);
 		int fault = fsti_fault("mmap");
 		void *m = fault ? (errno = fault, MAP_FAILED)
-				: mmap(NULL, f->size, PROT_READ, MAP_SHARED, f->fd, 0);
+				: mmap(NULL, f->size, prot, flags, f->fd, 0);
 		if (m == MAP_FAILED)
 			return fsti_err_sys(err, FST_EIO, errno, "%s: mmap failed", f->path);
 		b->maps[i] = m;
@@ -598,8 +604,8 @@ static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 static void describe(struct fsti_engine *e)
 {
 	if (e->opts.io == FST_IO_MMAP) {
-		snprintf(e->describe, sizeof e->describe,
-			 "mmap: read-only views of the files, no copy (%s)", e->why);
+		snprintf(e->describe, sizeof e->describe, "mmap: %s views of the files, no copy (%s)",
+			 e->opts.mmap_private ? "copy-on-write" : "read-only", e->why);
 		return;
 	}
 	char chunk[32];

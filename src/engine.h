@@ -113,6 +113,7 @@ struct fst_buffer {
 	void **maps;             /* mmap buffers: one mapping per file */
 	uint64_t *map_lens;
 	size_t nmaps;
+	int read_only;           /* shared read-only mappings: writes would fault */
 	struct fsti_btensor *t;
 	size_t nt;
 	uint64_t tensor_bytes;

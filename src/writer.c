@@ -274,11 +274,10 @@ static int build_header(fst_writer *w, char **out, size_t *len, fst_error *err)
 	return 0;
 }
 
-int fst_writer_finish(fst_writer *w, const char *path, fst_error *err)
+/* Orders the tensors, gives them their offsets and builds the header: what
+ * every way of finishing shares. *total is the whole file's size. */
+static int layout(fst_writer *w, char **header, size_t *hlen, uint64_t *total, fst_error *err)
 {
-	fsti_err_clear(err);
-	if (!w || !path)
-		return fsti_err(err, FST_EUSAGE, "writer: path is required");
 	/* w->t is NULL until the first add, and qsort's pointer must not be
 	 * NULL even for zero elements. */
 	if (w->n)
@@ -291,15 +290,116 @@ int fst_writer_finish(fst_writer *w, const char *path, fst_error *err)
 	}
 	if (off > INT64_MAX)
 		return fsti_err(err, FST_EUSAGE, "writer: tensors total more than 2^63 bytes");
-	size_t hlen = 0;
+	int rc = build_header(w, header, hlen, err);
+	if (!rc)
+		*total = *hlen + off;
+	return rc;
+}
+
+/* Where the bytes go: a descriptor, or memory the caller sized. */
+struct sink {
+	int fd;
+	char *mem;
+	uint64_t at;
+};
+
+static int sink_write(struct sink *s, const void *buf, size_t len)
+{
+	if (s->mem) {
+		memcpy(s->mem + s->at, buf, len);
+		s->at += len;
+		return 0;
+	}
+	return write_full(s->fd, buf, len);
+}
+
+/* The header, then every tensor's bytes. Returns 0, a negative errno from
+ * the sink (*sys set), or an FST_E* code with err filled. */
+static int emit(fst_writer *w, const char *header, size_t hlen, struct sink *s, int *sys,
+		fst_error *err)
+{
+	*sys = 0;
+	int e = sink_write(s, header, hlen);
+	const size_t chunk_size = 4u << 20;
+	char *chunk = NULL;
+	int rc = 0;
+	for (size_t i = 0; i < w->n && !e && !rc; i++) {
+		struct wtensor *t = &w->t[i];
+		if (!t->fill) {
+			e = sink_write(s, t->data, t->nbytes);
+			continue;
+		}
+		if (!chunk && !(chunk = fsti_malloc(chunk_size))) {
+			rc = fsti_err(err, FST_ENOMEM, "writer: out of memory");
+			break;
+		}
+		for (uint64_t o = 0; o < t->nbytes && !e; o += chunk_size) {
+			size_t len = (size_t)FSTI_MIN((uint64_t)chunk_size, t->nbytes - o);
+			rc = t->fill(t->ctx, chunk, o, len);
+			if (rc) {
+				rc = fsti_err(err, rc, "writer: tensor \"%s\": fill failed (%s)",
+					      t->name, fst_strerror(rc));
+				break;
+			}
+			e = sink_write(s, chunk, len);
+		}
+	}
+	fsti_free(chunk);
+	if (!rc && e)
+		*sys = e;
+	return rc;
+}
+
+int fst_writer_size(fst_writer *w, uint64_t *size, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!w || !size)
+		return fsti_err(err, FST_EUSAGE, "writer: size is required");
 	char *header = NULL;
-	int hrc = build_header(w, &header, &hlen, err);
+	size_t hlen = 0;
+	int rc = layout(w, &header, &hlen, size, err);
+	fsti_free(header);
+	return rc;
+}
+
+int fst_writer_finish_memory(fst_writer *w, void *dst, uint64_t size, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!w || (!dst && size))
+		return fsti_err(err, FST_EUSAGE, "writer: destination memory is required");
+	char *header = NULL;
+	size_t hlen = 0;
+	uint64_t total = 0;
+	int rc = layout(w, &header, &hlen, &total, err);
+	if (rc)
+		return rc;
+	if (total != size) {
+		fsti_free(header);
+		return fsti_err(err, FST_EUSAGE,
+				"writer: %" PRIu64 " bytes given for a file of %" PRIu64 " bytes", size,
+				total);
+	}
+	struct sink s = {.fd = -1, .mem = dst};
+	int sys;
+	rc = emit(w, header, hlen, &s, &sys, err);
+	fsti_free(header);
+	return rc;
+}
+
+int fst_writer_finish(fst_writer *w, const char *path, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!w || !path)
+		return fsti_err(err, FST_EUSAGE, "writer: path is required");
+	size_t hlen = 0;
+	uint64_t total = 0;
+	char *header = NULL;
+	int hrc = layout(w, &header, &hlen, &total, err);
 	if (hrc)
 		return hrc;
 
 	size_t plen = strlen(path) + 5;
 	char *tmp = fsti_malloc(plen);
-	char *chunk = NULL;
 	int fd = -1, rc = 0;
 	if (!tmp) {
 		rc = fsti_err(err, FST_ENOMEM, "writer: out of memory");
@@ -311,29 +411,11 @@ int fst_writer_finish(fst_writer *w, const char *path, fst_error *err)
 		rc = fsti_err_sys(err, FST_EIO, errno, "%s: cannot create", tmp);
 		goto out;
 	}
-	int e = write_full(fd, header, hlen);
-	const size_t chunk_size = 4u << 20;
-	for (size_t i = 0; i < w->n && !e; i++) {
-		struct wtensor *t = &w->t[i];
-		if (!t->fill) {
-			e = write_full(fd, t->data, t->nbytes);
-			continue;
-		}
-		if (!chunk && !(chunk = fsti_malloc(chunk_size))) {
-			rc = fsti_err(err, FST_ENOMEM, "writer: out of memory");
-			goto out;
-		}
-		for (uint64_t o = 0; o < t->nbytes && !e; o += chunk_size) {
-			size_t len = (size_t)FSTI_MIN((uint64_t)chunk_size, t->nbytes - o);
-			rc = t->fill(t->ctx, chunk, o, len);
-			if (rc) {
-				rc = fsti_err(err, rc, "writer: tensor \"%s\": fill failed (%s)",
-					      t->name, fst_strerror(rc));
-				goto out;
-			}
-			e = write_full(fd, chunk, len);
-		}
-	}
+	struct sink s = {.fd = fd};
+	int e;
+	rc = emit(w, header, hlen, &s, &e, err);
+	if (rc)
+		goto out;
 	if (e) {
 		rc = fsti_err_sys(err, FST_EIO, -e, "%s: write failed", tmp);
 		goto out;
@@ -351,7 +433,6 @@ out:
 		close(fd);
 	if (rc && tmp)
 		unlink(tmp);
-	fsti_free(chunk);
 	fsti_free(tmp);
 	fsti_free(header);
 	return rc;

@@ -1,8 +1,9 @@
 """fst: load safetensors checkpoints into CPU or GPU memory, byte-exact.
 
 Zero-copy torch and numpy tensors over libfst (DLPack), with the reference
-`safetensors` API (load_file, safe_open, save_file), a streaming iterator,
-and the fastsafetensors API (SafeTensorsFileLoader, fastsafe_open). See
+`safetensors` API (load_file, safe_open, save_file, save; all of it, module
+by module, in fst.compat.safetensors), a streaming iterator, and the
+fastsafetensors API (SafeTensorsFileLoader, fastsafe_open). See
 docs/python.md.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = [
     "SafetensorError", "UsageError", "ArgumentTypeError", "FormatError", "FileError",
     "NoSuchFileError", "FilePermissionError", "OutOfMemoryError", "DeviceError",
     "UnsupportedError", "MissingDependencyError", "CancelledError", "FileChangedError",
+    "NoSuchTensorError",
     "load_file", "load", "safe_open", "save_file", "save", "iter_tensors", "Checkpoint",
     "SafeTensorsFileLoader", "SingleGroup", "fastsafe_open", "trim", "__version__",
     "Comm", "load_sharded",
@@ -42,6 +44,16 @@ class UsageError(SafetensorError, ValueError):
 class ArgumentTypeError(UsageError, TypeError):
     """An argument of the wrong type: a UsageError that is also the
     TypeError Python callers expect for one."""
+
+
+class NoSuchTensorError(UsageError, KeyError):
+    """A tensor name the checkpoint lacks: a UsageError (the reference
+    raises its SafetensorError) that is also the KeyError a lookup by name
+    raises."""
+
+    def __str__(self):
+        # KeyError's own str() would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 class FormatError(SafetensorError, ValueError):
@@ -283,8 +295,15 @@ def _to_torch(t: "_fst.Tensor"):
         raw = torch.from_dlpack(t)  # uint8, same shape
         wanted = _torch_dtypes().get(dtype)
         return raw.view(wanted) if wanted is not None else raw
-    # F4 and F6 come as uint8 with the last dimension in bytes (docs/python.md)
-    return torch.from_dlpack(t)
+    raw = torch.from_dlpack(t)
+    # F4 rows of whole bytes are torch's float4_e2m1fn_x2 (two values a byte,
+    # the last dimension in bytes), as the reference gives them; otherwise F4
+    # and F6 stay uint8: the last dimension in bytes, or flat (docs/python.md)
+    if dtype == "F4" and t.shape and t.shape[-1] % 2 == 0:
+        f4 = getattr(torch, "float4_e2m1fn_x2", None)
+        if f4 is not None:
+            return raw.view(f4)
+    return raw
 
 
 def _to_numpy(t: "_fst.Tensor"):
@@ -368,7 +387,7 @@ def _torch_allocator(device: str):
 
 
 def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk_bytes=0,
-                 gds="auto", align=0, names=None, torch_allocator=True):
+                 gds="auto", align=0, names=None, torch_allocator=True, mmap_private=False):
     """The low-level load's keyword arguments, every one checked; the
     allocator is added by _prepare, once torch is known to be there."""
     dev = _device(device)
@@ -383,8 +402,43 @@ def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk
     names = _names(names)
     if names is not None:
         kw["names"] = names
+    if mmap_private:
+        kw["mmap_private"] = True
     kw["torch_allocator"] = bool(torch_allocator)
     return kw
+
+
+# ---- the reference's backend=: which of fst's read paths serves it
+
+_BACKENDS = ("mmap", "pread")
+
+
+def _backend(backend) -> Optional[str]:
+    if backend is None:
+        return None
+    if not isinstance(backend, str):
+        raise ArgumentTypeError(f"backend={backend!r}: expected 'mmap' or 'pread'", -1)
+    if backend not in _BACKENDS:
+        raise UsageError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")',
+                         -1)
+    return backend
+
+
+def _backend_options(backend, device, options: dict) -> dict:
+    """The load options a reference backend stands for. "mmap" on the CPU is
+    fst's io=mmap over private copy-on-write mappings: tensors over the page
+    cache that may be written, as the reference's are (fst's read-only
+    io=mmap views would kill the process on a write). On a GPU the bytes
+    must be copied anyway, so "mmap" is fst's own GPU path; "pread" is
+    io=pread everywhere."""
+    backend = _backend(backend)
+    if backend is None or options.get("io") is not None:
+        return options  # fst's own io=, when given, says more than a backend
+    if backend == "pread":
+        return {**options, "io": "pread"}
+    if _device(device) == "cpu":
+        return {**options, "io": "mmap", "mmap_private": True}
+    return dict(options)
 
 
 def _prepare(where: str, cks: Sequence["Checkpoint"], framework: str, kw: dict) -> dict:
@@ -454,69 +508,18 @@ def _load_prepared(ck: Checkpoint, framework: str, kw: dict) -> Dict[str, object
     return {name: _convert(buf.tensor(name), framework) for name in buf.names()}
 
 
-def load_file(filename, device="cpu", framework="pt", **options) -> Dict[str, object]:
+def load_file(filename, device="cpu", framework="pt", *, backend=None,
+              **options) -> Dict[str, object]:
     """Like safetensors.torch.load_file (framework='pt') or
-    safetensors.numpy.load_file (framework='numpy')."""
-    return load(filename, device, framework=framework, **options)
-
-
-class _Slice:
-    def __init__(self, owner: "safe_open", name: str):
-        self._owner, self._name = owner, name
-
-    def get_shape(self):
-        return list(self._owner._ck.info(self._name)[1])
-
-    def get_dtype(self):
-        return self._owner._ck.info(self._name)[0]
-
-    def __getitem__(self, index):
-        return self._owner.get_tensor(self._name)[index]
-
-
-class safe_open:
-    """Like safetensors.safe_open: keys(), get_tensor(), get_slice(),
-    metadata(). The first get_tensor loads the whole checkpoint with the
-    fast path onto `device`; later calls return views of it. What the load
-    needs (torch, ml_dtypes, the options' values) is checked then, before
-    anything is read: keys() and metadata() need none of it."""
-
-    def __init__(self, filename, framework="pt", device="cpu", **options):
-        _check_options("safe_open", options)
-        self._fw = _framework(framework)
-        self._device = _device(device)
-        _check_target(self._device, self._fw)
-        self._ck = Checkpoint(filename)
-        self._options = options
-        self._tensors = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._tensors = None
-        return False
-
-    def keys(self):
-        return sorted(self._ck.keys())
-
-    def offset_keys(self):
-        return self._ck.keys()
-
-    def metadata(self):
-        return self._ck.metadata()
-
-    def get_tensor(self, name: str):
-        if self._ck._ck.info(name) is None:
-            raise KeyError(name)
-        if self._tensors is None:
-            self._tensors = load(self._ck, self._device, framework=self._fw, **self._options)
-        return self._tensors[name]
-
-    def get_slice(self, name: str) -> _Slice:
-        if self._ck._ck.info(name) is None:
-            raise KeyError(name)
-        return _Slice(self, name)
+    safetensors.numpy.load_file (framework='numpy'); backend='mmap' or
+    'pread' as there, or fst's load options (io=...)."""
+    _check_options("load_file", options)
+    fw = _framework(framework)
+    kw = _load_kwargs(device, fw, **_backend_options(backend, device, options))
+    if fw == "pt":
+        _need_torch()
+    ck = _open(filename)
+    return _load_prepared(ck, fw, _prepare(ck.path, [ck], fw, kw))
 
 
 def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framework="pt",
@@ -573,27 +576,56 @@ _NP_TO_ST = {
     "uint64": "U64", "float64": "F64", "complex64": "C64", "bfloat16": "BF16",
     "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
     "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ",
-    "float8_e8m0fnu": "F8_E8M0",
+    "float8_e8m0fnu": "F8_E8M0", "float4_e2m1fn_x2": "F4",
 }
 
+# The reference writer lays tensors out by this rank, highest first, then by
+# name: its dtype enum's order. Same-sized types are not interchangeable
+# (F32 before I32 whatever the names), so a sort by element size alone would
+# give other bytes than the reference for the same tensors.
+_WRITE_RANK = {d: i for i, d in enumerate(
+    ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+     "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64",
+     "F64", "I64", "U64"))}
 
-def _entry(name, value):
-    """(name, dtype, shape, bytes-like) for a torch tensor or numpy array."""
-    mod = type(value).__module__
-    if mod.startswith("torch"):
-        import torch
-        t = value.detach().to("cpu").contiguous()
-        key = str(t.dtype).replace("torch.", "")
-        if key not in _NP_TO_ST:
-            raise UsageError(f"tensor {name!r}: dtype {t.dtype} cannot be saved", -1)
-        raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
-        return name, _NP_TO_ST[key], tuple(t.shape), raw
+
+def _write_order(entries: list) -> list:
+    """entries of (name, dtype, ...) in the reference writer's order."""
+    return sorted(entries, key=lambda e: (-_WRITE_RANK.get(e[1], -1), e[0]))
+
+
+def _is_torch(value) -> bool:
+    return type(value).__module__.startswith("torch")
+
+
+def _torch_entry(name, t):
+    """(name, dtype, shape, bytes-like) of a torch tensor the caller has
+    checked: dense and contiguous. F4 (float4_e2m1fn_x2, two values a byte)
+    is written with its logical shape, the last dimension doubled."""
+    import torch
+    key = str(t.dtype).replace("torch.", "")
+    if key not in _NP_TO_ST:
+        raise UsageError(f"tensor {name!r}: dtype {t.dtype} cannot be saved", -1)
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")  # a meta tensor fails here, as in the reference
+    t = t.contiguous()
+    shape = tuple(t.shape)
+    if key == "float4_e2m1fn_x2" and shape:
+        shape = shape[:-1] + (shape[-1] * 2,)
+    raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+    return name, _NP_TO_ST[key], shape, raw
+
+
+def _numpy_entry(name, value):
     import numpy as np
     # np.asarray keeps 0-d arrays 0-d (np.ascontiguousarray would make them
-    # shape (1,)); the file is little-endian whatever the array's byte order.
+    # shape (1,)); the file is little-endian whatever the array's byte order,
+    # and any strides are written as the values they show (the reference
+    # writes the memory under a strided array as if it were contiguous).
     a = np.asarray(value)
     key = a.dtype.name
-    if key not in _NP_TO_ST:
+    if key not in _NP_TO_ST or key == "float4_e2m1fn_x2":
         raise UsageError(f"tensor {name!r}: dtype {a.dtype} cannot be saved", -1)
     if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
         a = a.astype(a.dtype.newbyteorder("<"))
@@ -602,17 +634,72 @@ def _entry(name, value):
     return name, _NP_TO_ST[key], tuple(a.shape), a.reshape(-1).view(np.uint8)
 
 
+# ---- what the reference refuses to save from torch: sparse, shared, strided
+
+def _torch_refusals(tensors: Dict[str, object]) -> None:
+    """Raise what the reference raises for torch tensors it will not save:
+    sparse ones (ValueError), ones sharing memory (RuntimeError: a file
+    cannot share bytes, save_model is the way), non-contiguous ones
+    (ValueError: .contiguous() first)."""
+    from .compat.safetensors.torch import _find_shared_tensors
+    import torch
+    sparse = [k for k, v in tensors.items() if v.layout != torch.strided]
+    if sparse:
+        raise ValueError(
+            f"You are trying to save a sparse tensors: `{sparse}` which this library does not "
+            "support. You can make it a dense tensor before saving with `.to_dense()` but be "
+            "aware this might make a much larger file than needed.")
+    shared = [names for names in _find_shared_tensors(tensors) if len(names) > 1]
+    if shared:
+        raise RuntimeError(
+            f"Some tensors share memory, this will lead to duplicate memory on disk and "
+            f"potential differences when loading them again: {shared}. A potential way to "
+            "correctly save your model is to use `save_model` (fst.compat.safetensors.torch). "
+            "More information at https://huggingface.co/docs/safetensors/torch_shared_tensors")
+    for k, v in tensors.items():
+        if not v.is_contiguous():
+            raise ValueError(
+                f"You are trying to save a non contiguous tensor: `{k}` which is not allowed. "
+                "It either means you are trying to save tensors which are reference of each "
+                "other in which case it's recommended to save only the full tensors, and "
+                "reslice at load time, or simply call `.contiguous()` on your tensor to pack it "
+                "before saving.")
+
+
+def _entries(tensors) -> list:
+    """The writer's entries for a dict of torch tensors and numpy arrays, in
+    the reference's order, after the reference's checks."""
+    if not isinstance(tensors, dict):
+        raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
+    torch_part = {k: v for k, v in tensors.items() if _is_torch(v)}
+    if torch_part:
+        _torch_refusals(torch_part)
+    entries = [_torch_entry(k, v) if k in torch_part else _numpy_entry(k, v)
+               for k, v in tensors.items()]
+    return _write_order(entries)
+
+
+def _check_metadata(metadata) -> Optional[dict]:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise TypeError(f"metadata must be a dict of str to str, not {metadata!r}")
+    return metadata
+
+
 def save_file(tensors: Dict[str, object], filename, metadata: Optional[Dict[str, str]] = None):
-    """Like safetensors' save_file: torch tensors or numpy arrays, laid out as
-    the reference writer lays them (larger element sizes first, then name)."""
-    entries = [_entry(k, v) for k, v in tensors.items()]
-    size = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4,
-            "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
-    entries.sort(key=lambda e: (-size.get(e[1], 1), e[0]))
-    _fst.save(entries, metadata, os.fspath(filename))
+    """Like safetensors' save_file, for torch tensors and numpy arrays: the
+    same bytes as the reference writer, and the reference's refusals for
+    torch tensors (sparse, sharing memory, not contiguous)."""
+    metadata = _check_metadata(metadata)
+    _fst.save(_entries(tensors), metadata, os.fspath(filename))
 
 
-save = save_file
+def save(tensors: Dict[str, object], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """Like safetensors' save: the bytes save_file would write."""
+    metadata = _check_metadata(metadata)
+    return _fst.save(_entries(tensors), metadata, None)
 
 
 # ---- tensor parallelism over NCCL
@@ -670,6 +757,10 @@ def load_sharded(path, comm: Comm, dims: Optional[Dict[str, Optional[int]]] = No
         stats["bytes"] = buf.nbytes()
     return {name: _convert(buf.tensor(name), fw) for name in buf.names()}
 
+
+# The reference's safe_open is fst's: one object, defined with the rest of
+# the reference API (imported last: it builds on the functions above).
+from .compat.safetensors import safe_open  # noqa: E402
 
 # ---- the fastsafetensors API: switching is an import change. Last, since
 # fst.compat.fastsafetensors builds on everything above.

@@ -166,11 +166,17 @@ static PyObject *raise_fst(int code, const fst_error *err)
 typedef struct {
 	PyObject_HEAD
 	fst_checkpoint *ck;
+	/* a checkpoint over bytes in memory holds them: libfst reads them in
+	 * place for as long as the checkpoint lives */
+	Py_buffer mem;
+	int has_mem;
 } CheckpointObject;
 
 static void Checkpoint_dealloc(CheckpointObject *self)
 {
 	fst_checkpoint_close(self->ck);
+	if (self->has_mem)
+		PyBuffer_Release(&self->mem);
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -190,6 +196,42 @@ static int Checkpoint_init(CheckpointObject *self, PyObject *args, PyObject *kw)
 		raise_fst_at(rc, &err, NULL, path);
 	Py_DECREF(pathobj);
 	return rc ? -1 : 0;
+}
+
+static PyTypeObject CheckpointType;
+
+/* A checkpoint of one safetensors file held in memory (bytes, bytearray,
+ * any contiguous buffer), validated like a file. */
+static PyObject *Checkpoint_from_bytes(PyObject *cls, PyObject *args)
+{
+	(void)cls;
+	PyObject *data;
+	const char *name = "<bytes>";
+	if (!PyArg_ParseTuple(args, "O|s", &data, &name))
+		return NULL;
+	CheckpointObject *self = PyObject_New(CheckpointObject, &CheckpointType);
+	if (!self)
+		return NULL;
+	self->ck = NULL;
+	self->has_mem = 0;
+	if (PyObject_GetBuffer(data, &self->mem, PyBUF_C_CONTIGUOUS)) {
+		Py_DECREF(self);
+		return NULL;
+	}
+	self->has_mem = 1;
+	fst_file *f = NULL;
+	fst_error err;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = fst_file_open_memory(self->mem.buf, (size_t)self->mem.len, name, &f, &err);
+	if (!rc)
+		rc = fst_checkpoint_from_files(&f, 1, &self->ck, &err);
+	Py_END_ALLOW_THREADS
+	if (rc) {
+		Py_DECREF(self);
+		return raise_fst_at(rc, &err, NULL, name);
+	}
+	return (PyObject *)self;
 }
 
 static PyObject *Checkpoint_keys(CheckpointObject *self, PyObject *unused)
@@ -275,6 +317,8 @@ static PyMethodDef Checkpoint_methods[] = {
 	{"files", (PyCFunction)Checkpoint_files, METH_NOARGS, "the safetensors files"},
 	{"metadata", (PyCFunction)Checkpoint_metadata, METH_VARARGS,
 	 "__metadata__ of file i (default 0), or None"},
+	{"from_bytes", (PyCFunction)Checkpoint_from_bytes, METH_VARARGS | METH_CLASS,
+	 "from_bytes(data, name='<bytes>'): a checkpoint of one file held in memory"},
 	{NULL, NULL, 0, NULL},
 };
 
@@ -475,9 +519,9 @@ static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kw)
 	int versioned = wants_versioned(max_version);
 	if (versioned < 0)
 		return NULL;
-	/* mmap buffers are read-only file mappings: they keep the legacy
-	 * capsule, which numpy imports read-only and which every torch takes. */
-	bool read_only = fst_buffer_size(v->buffer) == 0;
+	/* read-only file mappings keep the legacy capsule, which numpy
+	 * imports read-only and which every torch takes. */
+	bool read_only = fst_buffer_read_only(v->buffer);
 	if (read_only)
 		versioned = 0;
 	int nd = self->export_ndim;
@@ -731,16 +775,18 @@ static int parse_load_args(PyObject *args, PyObject *kw, CheckpointObject **ck,
 			   struct load_args *la)
 {
 	static char *kwlist[] = {"checkpoint", "device", "io", "threads", "chunk_bytes",
-				 "staging_bytes", "gds", "align", "names", "allocator", NULL};
+				 "staging_bytes", "gds", "align", "names", "allocator",
+				 "mmap_private", NULL};
 	const char *device = "cpu";
 	int io = 0, gds = 0;
 	unsigned threads = 0, align = 0;
 	unsigned long long chunk = 0, staging = 0;
 	PyObject *names = Py_None, *allocator = Py_None;
+	int mmap_private = 0;
 	memset(la, 0, sizeof *la); /* free_load_args must find it clean on every failure */
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|siIKKiIOO", kwlist, &CheckpointType, ck,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|siIKKiIOOp", kwlist, &CheckpointType, ck,
 					 &device, &io, &threads, &chunk, &staging, &gds, &align,
-					 &names, &allocator))
+					 &names, &allocator, &mmap_private))
 		return -1;
 	fst_load_opts_init(&la->opts);
 	snprintf(la->device, sizeof la->device, "%s", device);
@@ -751,6 +797,7 @@ static int parse_load_args(PyObject *args, PyObject *kw, CheckpointObject **ck,
 	la->opts.chunk_bytes = chunk;
 	la->opts.staging_bytes = staging;
 	la->opts.align = align;
+	la->opts.mmap_private = mmap_private;
 	if (names != Py_None) {
 		la->names.set = PyFrozenSet_New(names);
 		if (!la->names.set)
@@ -1165,11 +1212,13 @@ static PyObject *mod_load_sharded(PyObject *mod, PyObject *args, PyObject *kw)
 static PyObject *mod_save(PyObject *mod, PyObject *args)
 {
 	(void)mod;
-	/* entries: list of (name, dtype, shape, bytes-like); metadata: dict or None */
-	PyObject *entries, *metadata, *pathobj;
+	/* entries: list of (name, dtype, shape, bytes-like); metadata: dict or
+	 * None; path None: the file's bytes are returned instead of written */
+	PyObject *entries, *metadata, *patharg, *pathobj = NULL;
 	unsigned data_align = 8;
-	if (!PyArg_ParseTuple(args, "OOO&|I", &entries, &metadata, PyUnicode_FSConverter, &pathobj,
-			      &data_align))
+	if (!PyArg_ParseTuple(args, "OOO|I", &entries, &metadata, &patharg, &data_align))
+		return NULL;
+	if (patharg != Py_None && !PyUnicode_FSConverter(patharg, &pathobj))
 		return NULL;
 	fst_writer_opts wo;
 	fst_writer_opts_init(&wo);
@@ -1238,6 +1287,28 @@ static PyObject *mod_save(PyObject *mod, PyObject *args)
 				goto fail;
 		}
 	}
+	if (!pathobj) {
+		uint64_t size = 0;
+		if ((rc = fst_writer_size(w, &size, &err)))
+			goto fail;
+		if (size > (uint64_t)PY_SSIZE_T_MAX) {
+			PyErr_NoMemory();
+			goto out;
+		}
+		PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+		if (!bytes)
+			goto out;
+		char *dst = PyBytes_AS_STRING(bytes);
+		Py_BEGIN_ALLOW_THREADS
+		rc = fst_writer_finish_memory(w, dst, size, &err);
+		Py_END_ALLOW_THREADS
+		if (rc) {
+			Py_DECREF(bytes);
+			goto fail;
+		}
+		result = bytes;
+		goto out;
+	}
 	{
 		const char *path = PyBytes_AS_STRING(pathobj);
 		Py_BEGIN_ALLOW_THREADS
@@ -1250,13 +1321,13 @@ static PyObject *mod_save(PyObject *mod, PyObject *args)
 	result = Py_None;
 	goto out;
 fail:
-	raise_fst_at(rc, &err, NULL, PyBytes_AS_STRING(pathobj));
+	raise_fst_at(rc, &err, NULL, pathobj ? PyBytes_AS_STRING(pathobj) : NULL);
 out:
 	for (Py_ssize_t i = 0; i < nviews; i++)
 		PyBuffer_Release(&views[i]);
 	free(views);
 	Py_XDECREF(seq);
-	Py_DECREF(pathobj);
+	Py_XDECREF(pathobj);
 	fst_writer_free(w);
 	return result;
 }
@@ -1307,11 +1378,12 @@ static PyObject *mod_trim(PyObject *mod, PyObject *unused)
 static PyMethodDef module_methods[] = {
 	{"load", (PyCFunction)(void (*)(void))mod_load, METH_VARARGS | METH_KEYWORDS,
 	 "load(checkpoint, device='cpu', io=0, threads=0, chunk_bytes=0, staging_bytes=0, "
-	 "gds=0, align=0, names=None, allocator=None) -> Buffer"},
+	 "gds=0, align=0, names=None, allocator=None, mmap_private=False) -> Buffer"},
 	{"start", (PyCFunction)(void (*)(void))mod_start, METH_VARARGS | METH_KEYWORDS,
 	 "start(...) -> Loader: the streaming form of load"},
 	{"save", (PyCFunction)mod_save, METH_VARARGS,
-	 "save(entries, metadata, path[, data_align]): entries of (name, dtype, shape, bytes)"},
+	 "save(entries, metadata, path[, data_align]): entries of (name, dtype, shape, bytes); "
+	 "path None returns the file's bytes"},
 	{"_set_errors", (PyCFunction)mod_set_errors, METH_VARARGS, "internal"},
 	{"comm_unique_id", (PyCFunction)mod_comm_unique_id, METH_NOARGS,
 	 "a new NCCL unique id (bytes) for Comm"},

@@ -240,8 +240,17 @@ def test_safe_open_slices_of_a_cube(fst_pkg, ref_file):
         assert cube.get_shape() == [2, 3, 4]
         for idx in SLICES:
             assert_same_array(np.asarray(cube[idx]), np.asarray(ref.get_slice("f32.cube")[idx]))
-        # negative bounds: numpy semantics (the reference refuses them)
-        np.testing.assert_array_equal(cube[-1:], ref.get_tensor("f32.cube")[-1:])
+        # negative bounds and bounds past the end: refused, as the reference
+        # refuses them (numpy would count from the end, and clip)
+        import safetensors
+        for idx, ref_exc, exc in ((np.s_[-1:], OverflowError, OverflowError),
+                                  (np.s_[:, :9], safetensors.SafetensorError,
+                                   fst_pkg.SafetensorError)):
+            with pytest.raises(ref_exc) as want:
+                ref.get_slice("f32.cube")[idx]
+            with pytest.raises(exc) as got:
+                cube[idx]
+            assert str(got.value) == str(want.value)
 
 
 def test_safe_open_unknown_name_and_metadata_none(fst_pkg, ref_file, tmp_path):

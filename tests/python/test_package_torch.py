@@ -111,8 +111,10 @@ def test_loaded_tensors_are_writable_and_independent(fst_pkg, ref_file, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_exotic_dtypes(fst_pkg, tmp_path, device):
     """F8 through torch's float8 dtypes (F8_E8M0 where torch has
-    float8_e8m0fnu, else uint8); F4 / F6 as uint8 with the last dimension in
-    bytes (else flat), as for numpy."""
+    float8_e8m0fnu, else uint8); F4 with whole bytes a row as
+    float4_e2m1fn_x2 where torch has it, as the reference gives it; other F4
+    and F6 as uint8 with the last dimension in bytes (else flat), as for
+    numpy."""
     rng = np.random.default_rng(2)
     cases = [("e4m3", "F8_E4M3", (4, 3)), ("e5m2", "F8_E5M2", (6,)),
              ("e4m3fnuz", "F8_E4M3FNUZ", (2, 2)), ("e5m2fnuz", "F8_E5M2FNUZ", ()),
@@ -130,6 +132,8 @@ def test_exotic_dtypes(fst_pkg, tmp_path, device):
         t = got[name]
         assert t.device == torch.device(device)
         want = getattr(torch, want_dtype.get(dtype, "uint8"), torch.uint8)
+        if name == "f4":
+            want = getattr(torch, "float4_e2m1fn_x2", torch.uint8)
         assert t.dtype == want, (name, t.dtype)
         assert tuple(t.shape) == shapes.get(name, shape), (name, t.shape)
         assert raw_bytes(t) == raw, name
@@ -161,8 +165,14 @@ def test_save_file_reference_reads(fst_pkg, tmp_path, device):
     tensors = {str(dt).replace("torch.", ""): make(dt, (4, 5), gen).to(device)
                for dt in torch_dtypes()}
     tensors["scalar"] = torch.tensor(1.5, device=device)
-    tensors["transposed"] = torch.randn(3, 4, generator=gen).to(device).t()
+    transposed = torch.randn(3, 4, generator=gen).to(device).t()
     p = tmp_path / "fst.safetensors"
+    # a strided tensor is refused, as the reference refuses it, and nothing
+    # is written; its contiguous copy is saved
+    with pytest.raises(ValueError, match="non contiguous tensor: `transposed`"):
+        fst_pkg.save_file({**tensors, "transposed": transposed}, p)
+    assert not p.exists()
+    tensors["transposed"] = transposed.contiguous()
     fst_pkg.save_file(tensors, p, metadata={"k": "v"})
     try:
         ref = st_torch.load_file(str(p))

@@ -15,7 +15,9 @@
  * block (whole blocks for pread chunks of a block or more), by checkpoint
  * index, before its tensor is handed out; a failing callback fails the load
  * cleanly; io=mmap never calls it; bad landed_block values are refused.
- * Replay a failure with FST_TEST_SEED. */
+ * io=mmap with mmap_private gives writable copy-on-write views: a write
+ * reaches neither the file nor other loads. Replay a failure with
+ * FST_TEST_SEED. */
 #include "engine.h"
 #include "load_helpers.h"
 
@@ -865,6 +867,54 @@ static void test_bad_options(void **state)
 	fst_checkpoint_close(ck);
 }
 
+/* ---- io=mmap with mmap_private: writable views that never reach the file */
+
+static void test_mmap_private(void **state)
+{
+	(void)state;
+	char *path = test_path("mmap-private.safetensors");
+	const char *header = "{\"x\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0,8]}}";
+	const unsigned char data[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+	write_raw(path, header, strlen(header), data, sizeof data);
+	fst_checkpoint *ck = lh_open(path);
+	fst_load_opts o;
+	fst_error err;
+	fst_buffer *shared, *priv, *copied;
+	fst_load_opts_init(&o);
+	o.io = FST_IO_MMAP;
+	assert_int_equal(fst_load(ck, &o, &shared, &err), 0);
+	assert_true(fst_buffer_read_only(shared));
+	lh_assert_has(fst_buffer_describe(shared), "read-only");
+	o.mmap_private = 1;
+	assert_int_equal(fst_load(ck, &o, &priv, &err), 0);
+	assert_false(fst_buffer_read_only(priv));
+	lh_assert_has(fst_buffer_describe(priv), "copy-on-write");
+	fst_tensor_view vp, vs;
+	assert_int_equal(fst_buffer_tensor(priv, 0, &vp), 0);
+	assert_int_equal(fst_buffer_tensor(shared, 0, &vs), 0);
+	assert_int_equal(fst_buffer_size(priv), 0); /* a view of the file, no allocation */
+	((unsigned char *)vp.data)[3] = 99;
+	/* the shared mapping, another load and the file keep the file's bytes */
+	assert_int_equal(((unsigned char *)vs.data)[3], 4);
+	uint64_t size;
+	unsigned char *bytes = lh_slurp(path, &size);
+	assert_int_equal(bytes[size - 8 + 3], 4);
+	free(bytes);
+	o.io = FST_IO_PREAD; /* mmap_private means nothing for copies */
+	assert_int_equal(fst_load(ck, &o, &copied, &err), 0);
+	assert_false(fst_buffer_read_only(copied));
+	fst_tensor_view vc;
+	assert_int_equal(fst_buffer_tensor(copied, 0, &vc), 0);
+	assert_memory_equal(vc.data, data, sizeof data);
+	fst_view_release(&vc);
+	fst_view_release(&vp);
+	fst_view_release(&vs);
+	fst_buffer_release(copied);
+	fst_buffer_release(priv);
+	fst_buffer_release(shared);
+	fst_checkpoint_close(ck);
+}
+
 /* ---- empty loads */
 
 static void check_empty_load(const fst_checkpoint *ck, fst_load_opts *o, size_t want_tensors)
@@ -1591,6 +1641,7 @@ int main(void)
 		cmocka_unit_test(test_landed_before_ready),
 		cmocka_unit_test(test_landed_errors),
 		cmocka_unit_test(test_landed_mmap_empty_and_bad_block),
+		cmocka_unit_test(test_mmap_private),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  * tensor sets: every dtype incl. F4/F6, scalars, empty tensors, UTF-8 and
  * escaped names, metadata, both orders, many data_align/header_extra), read
  * back with fst_file_open; writer argument errors; FST_ORDER_ALIGNMENT
- * order; add_fill; and that a failed finish leaves no file behind. Set
+ * order; add_fill; that a failed finish leaves no file behind; and that
+ * fst_writer_finish_memory gives the file's bytes. Set
  * FST_TEST_SEED to replay another seed. */
 #include "helpers.h"
 
@@ -218,7 +219,10 @@ static void expected_order(const struct case_ *c, size_t *order)
 	}
 }
 
-static void write_case(const struct case_ *c, const char *path)
+/* Writes the case to path; with mem, also into memory from the same writer,
+ * *mem then holding the *mem_len bytes (malloc'd). */
+static void write_case_both(const struct case_ *c, const char *path, unsigned char **mem,
+			    size_t *mem_len)
 {
 	fst_writer *w;
 	fst_error err;
@@ -239,7 +243,26 @@ static void write_case(const struct case_ *c, const char *path)
 			fail_msg("metadata: %s", err.message);
 	if (fst_writer_finish(w, path, &err))
 		fail_msg("finish: %s", err.message);
+	if (mem) {
+		uint64_t size = 0;
+		if (fst_writer_size(w, &size, &err))
+			fail_msg("size: %s", err.message);
+		*mem = malloc(size ? size : 1);
+		assert_non_null(*mem);
+		/* one byte short and one too many are refused, nothing written */
+		if (size)
+			assert_int_equal(fst_writer_finish_memory(w, *mem, size - 1, &err), FST_EUSAGE);
+		assert_int_equal(fst_writer_finish_memory(w, *mem, size + 1, &err), FST_EUSAGE);
+		if (fst_writer_finish_memory(w, *mem, size, &err))
+			fail_msg("finish_memory: %s", err.message);
+		*mem_len = (size_t)size;
+	}
 	fst_writer_free(w);
+}
+
+static void write_case(const struct case_ *c, const char *path)
+{
+	write_case_both(c, path, NULL, NULL);
 }
 
 static void check_case(const struct case_ *c, const char *path, size_t iter)
@@ -328,6 +351,29 @@ static void test_round_trip(void **state)
 			fail_msg("dtype %s never generated", fst_dtype_name((fst_dtype)d));
 	assert_true(scalars > 0);
 	assert_true(empties > 0);
+}
+
+/* Memory and file outputs of one writer are the same bytes, for the same
+ * random cases as the round trip (fills included). */
+static void test_memory_matches_file(void **state)
+{
+	(void)state;
+	rng_state = 0x3e3041ull;
+	char *path = test_path("memory.safetensors");
+	for (size_t iter = 0; iter < 60; iter++) {
+		struct case_ c;
+		random_case(&c);
+		unsigned char *mem = NULL;
+		size_t mem_len = 0;
+		write_case_both(&c, path, &mem, &mem_len);
+		size_t len;
+		unsigned char *bytes = slurp(path, &len);
+		assert_int_equal(mem_len, len);
+		assert_memory_equal(mem, bytes, len);
+		free(bytes);
+		free(mem);
+		free_case(&c);
+	}
 }
 
 /* ------------------------------------------------------------ errors */
@@ -632,6 +678,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_round_trip),
+		cmocka_unit_test(test_memory_matches_file),
 		cmocka_unit_test(test_wrong_nbytes),
 		cmocka_unit_test(test_duplicate_name),
 		cmocka_unit_test(test_metadata_name),
