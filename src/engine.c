@@ -868,14 +868,12 @@ int fst_loader_next(fst_loader *ld, fst_tensor_view *view, fst_error *err)
 		const fst_file *f = fst_checkpoint_file(e->ck, e->plan.t[i].file);
 		fst_error cerr;
 		if (e->opts.io != FST_IO_MMAP &&
-		    (rc = fsti_file_check_unchanged(f, "during the load", &cerr))) {
-			e->error = rc;
-			e->first_error = cerr;
-			if (err)
-				*err = cerr;
+		    fsti_file_check_unchanged(f, "during the load", &cerr)) {
+			/* the load fails as on any error (the first one wins), and
+			 * this call reports it like every later one */
 			pthread_mutex_unlock(&e->lock);
-			atomic_store(&e->stop, 1);
-			return rc;
+			fsti_engine_fail(e, &cerr);
+			return fst_loader_next(ld, view, err);
 		}
 		e->nhanded++;
 		fst_buffer_tensor(e->buf, i, view);
