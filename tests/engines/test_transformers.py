@@ -91,7 +91,7 @@ INPUT = torch.tensor([[1, 17, 42, 99, 3, 64, 127, 5]])
 def logits(model):
     model.eval()
     with torch.no_grad():
-        return model(INPUT).logits
+        return model(INPUT.to(model.device)).logits
 
 
 def load(path, **kwargs):
@@ -148,3 +148,20 @@ def test_save_pretrained_through_fst_is_the_reference_bytes(tiny_dir, reference_
     assert json.loads((by_fst / "model.safetensors.index.json").read_text()) == \
         json.loads((by_reference / "model.safetensors.index.json").read_text())
     assert torch.equal(logits(load(by_fst)), reference_logits)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_from_pretrained_onto_cuda_through_fst(tiny_dir, monkeypatch):
+    """device_map="cuda": the same logits, bit for bit, as the real
+    safetensors loading onto the same GPU, every shard opened through fst
+    and loaded by libfst."""
+    want = logits(load(tiny_dir, device_map="cuda"))
+    calls = patch_in_fst(monkeypatch, LOAD_TARGETS)
+    loads = count_libfst_loads(monkeypatch)
+    model = load(tiny_dir, device_map="cuda")
+    assert all(p.device.type == "cuda" for p in model.parameters())
+    got = logits(model)
+    assert torch.equal(got, want)
+    n = len(list(tiny_dir.glob("*.safetensors")))
+    assert len(calls["transformers.modeling_utils.safe_open"]) == n, calls
+    assert len(loads) == n, loads

@@ -293,8 +293,9 @@ def test_parallel_loader_single_rank(ckpt, recorded):
     assert sorted(got) == sorted(ref)
     for name, t in got.items():
         assert same(t, ref[name]), name
-        # the caller's own copy, not a view keeping a whole file's load alive
-        assert t.nbytes == 0 or t.data_ptr() != recorded.addresses[name], name
+        # a view of fst's load of its file, no copy (fastsafetensors clones:
+        # its buffers are freed at close, fst's live while a view does)
+        assert t.nbytes == 0 or t.data_ptr() == recorded.addresses[name], name
     assert [c[1] for c in recorded] == [os.path.basename(f) for f in files]
     assert all(c[2]["gds"] == "auto" for c in recorded)
 

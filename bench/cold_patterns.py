@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Which access pattern does this disk reward when nothing is cached? Reads
+every file of a checkpoint, caches dropped before each pass, with a set of
+patterns (threads x request size, O_DIRECT or buffered, requests taken in
+file order or one stream per file), and the loaders themselves (fst.load,
+fastsafetensors 0.5, InstantTensor 0.2) onto the GPU, in alternating rounds
+in one process. Root is needed to drop caches (/proc/sys/vm/drop_caches);
+otherwise every file is evicted with posix_fadvise(DONTNEED).
+
+  python3 bench/cold_patterns.py CKPT_DIR --rounds 2 [--peer-site DIR] [--json out.json]
+"""
+import argparse
+import glob
+import json
+import mmap
+import os
+import queue
+import sys
+import threading
+import time
+
+MiB = 1 << 20
+
+
+def drop_caches(files):
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return
+    except OSError:
+        pass
+    for p in files:
+        fd = os.open(p, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def read_pattern(files, threads, req, direct, per_file):
+    """Every byte of files with `threads` threads of `req`-byte preads into
+    aligned buffers; per_file: threads split among the files, each group
+    reading its file in order; else one queue of requests in file order."""
+    flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
+    fds = [os.open(p, flags) for p in files]
+    sizes = [os.fstat(fd).st_size for fd in fds]
+    if not direct:
+        for fd in fds:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    work = []
+    if per_file:
+        per = max(1, threads // len(files))
+        queues = []
+        for fd, size in zip(fds, sizes):
+            q = queue.Queue()
+            for off in range(0, size, req):
+                q.put((fd, off))
+            queues.append(q)
+        work = [queues[i % len(queues)] for i in range(per * len(files))]
+    else:
+        q = queue.Queue()
+        for fd, size in zip(fds, sizes):
+            for off in range(0, size, req):
+                q.put((fd, off))
+        work = [q] * threads
+    total = [0]
+    lock = threading.Lock()
+
+    def worker(q):
+        buf = mmap.mmap(-1, req)
+        mv = memoryview(buf)
+        n = 0
+        while True:
+            try:
+                fd, off = q.get_nowait()
+            except queue.Empty:
+                break
+            n += os.preadv(fd, [mv], off)
+        with lock:
+            total[0] += n
+        mv.release()
+        buf.close()
+
+    ts = [threading.Thread(target=worker, args=(q,)) for q in work]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for fd in fds:
+        os.close(fd)
+    assert total[0] == sum(sizes), (total[0], sum(sizes))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("path")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--peer-site", default=None)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    files = sorted(glob.glob(os.path.join(a.path, "*.safetensors")))
+    nbytes = sum(os.path.getsize(f) for f in files)
+
+    modes = {}
+    for direct in (True, False):
+        for threads, req in ((16, 64 * MiB), (8, 16 * MiB), (32, 4 * MiB), (64, 1 * MiB),
+                             (128, 1 * MiB)):
+            if not direct and req < 4 * MiB:
+                continue
+            name = f"{'direct' if direct else 'buffered'} {threads}x{req // MiB}MiB"
+            modes[name] = (lambda t=threads, r=req, d=direct:
+                           read_pattern(files, t, r, d, False))
+        modes[f"{'direct' if direct else 'buffered'} 16x16MiB per-file"] = (
+            lambda d=direct: read_pattern(files, 16, 16 * MiB, d, True))
+
+    import torch
+    import fst
+    torch.zeros(1, device=a.device)
+    torch.cuda.synchronize()
+
+    def fst_load():
+        d = fst.load(a.path, device=a.device)
+        torch.cuda.synchronize()
+        del d
+    modes["fst.load"] = fst_load
+
+    if a.peer_site:
+        sys.path.insert(0, a.peer_site)
+        try:
+            from fastsafetensors import SafeTensorsFileLoader, SingleGroup
+
+            def fastsafetensors_load():
+                ld = SafeTensorsFileLoader(SingleGroup(), a.device, nogds=True)
+                ld.add_filenames({0: files})
+                fb = ld.copy_files_to_device()
+                torch.cuda.synchronize()
+                fb.close()
+                ld.close()
+            modes["fastsafetensors 0.5 nogds"] = fastsafetensors_load
+        except ImportError as e:
+            print(f"no fastsafetensors: {e}")
+        try:
+            import instanttensor
+
+            def instanttensor_load():
+                with instanttensor.safe_open(files, framework="pt", device=0) as f:
+                    for _name, _t in f.tensors():
+                        pass
+                torch.cuda.synchronize()
+            modes["instanttensor 0.2 default"] = instanttensor_load
+        except ImportError as e:
+            print(f"no instanttensor: {e}")
+
+    results = {m: [] for m in modes}
+    names = list(modes)
+    for r in range(a.rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for m in order:
+            drop_caches(files)
+            t0 = time.perf_counter()
+            modes[m]()
+            dt = time.perf_counter() - t0
+            results[m].append(dt)
+            print(f"round {r + 1} {m}: {dt:.2f} s {nbytes / dt / 1e9:.2f} GB/s", flush=True)
+    print(f"\n{a.path}: {nbytes / 1e9:.2f} GB in {len(files)} files, cold, {a.rounds} rounds")
+    print("| pattern | GB/s each round | best |")
+    print("|---|---|---|")
+    for m, v in results.items():
+        print(f"| {m} | {', '.join(f'{nbytes / x / 1e9:.2f}' for x in v)} | "
+              f"{nbytes / min(v) / 1e9:.2f} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"path": a.path, "bytes": nbytes, "seconds": results}, f)
+
+
+if __name__ == "__main__":
+    main()
