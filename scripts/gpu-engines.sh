@@ -5,7 +5,8 @@
 # machine has none), writes the two benchmark checkpoints with the reference
 # writer, runs bench/engine_iterators.py on each (vLLM's own iterator
 # functions from VLLM, made by bench/vllm_extract.py; the peer wheels from
-# WHL), then the transformers tests (device_map="cuda" among them).
+# WHL; PEERS=0 leaves them out), then the transformers tests
+# (device_map="cuda" among them; TRANSFORMERS=0 leaves them out).
 # Results go to OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/fst-engines-out}
@@ -13,6 +14,8 @@ WORK=${WORK:-/tmp/fst-engines-work}
 VLLM=${VLLM:-.vllm-extract}
 WHL=${WHL:-.whl}
 ROUNDS=${ROUNDS:-3}
+PEERS=${PEERS:-1}
+TRANSFORMERS=${TRANSFORMERS:-1}
 mkdir -p "$OUT" "$WORK"
 site=$WORK/site peers=$WORK/peers
 {
@@ -27,8 +30,9 @@ export PYTHONPATH=$site
 [ -d "$WORK/ck/llama3-8b" ] || python3 bench/make_checkpoints.py "$WORK/ck" 2>&1 | tee "$OUT/checkpoints.txt"
 for m in llama3-8b gpt-oss-20b; do
 	python3 bench/engine_iterators.py "$WORK/ck/$m" --device cuda:0 --rounds "$ROUNDS" \
-		--vllm "$VLLM" --peer-site "$peers" --json "$OUT/iterators-$m.json" 2>&1 |
+		--vllm "$VLLM" $([ "$PEERS" = 1 ] && echo --peer-site "$peers") --json "$OUT/iterators-$m.json" 2>&1 |
 		tee "$OUT/iterators-$m.txt"
 done
+[ "$TRANSFORMERS" = 1 ] || exit 0
 python3 -m pytest -q -p no:cacheprovider tests/engines/test_transformers.py -rA 2>&1 |
 	tail -15 | tee "$OUT/transformers.txt"

@@ -245,12 +245,15 @@ def test_dtype_and_device_arguments(ckpt):
 
 def test_fst_options(ckpt, recorded):
     """nogds -> gds="off", else "auto"; max_threads reader threads;
-    bbuf_size_kb a bounce buffer a thread -> staging bytes; fst options in
-    **kwargs pass through."""
+    bbuf_size_kb a bounce buffer a thread -> staging bytes, except that
+    fastsafetensors' defaults (16 MiB, 16 threads) mean fst's (0, 0); fst
+    options in **kwargs pass through."""
     d, files, ref = ckpt
     for kwargs, want in (
-            (dict(nogds=True), dict(gds="off", threads=16, staging_bytes=16 * 1024 * 1024 * 16)),
-            (dict(), dict(gds="auto", threads=16, staging_bytes=256 << 20)),
+            (dict(nogds=True), dict(gds="off", threads=0, staging_bytes=0)),
+            (dict(), dict(gds="auto", threads=0, staging_bytes=0)),
+            (dict(max_threads=8), dict(gds="auto", threads=8, staging_bytes=128 << 20)),
+            (dict(bbuf_size_kb=1024), dict(gds="auto", threads=16, staging_bytes=16 << 20)),
             (dict(max_threads=4, bbuf_size_kb=1024, io="pread"),
              dict(gds="auto", threads=4, staging_bytes=4 << 20, io="pread"))):
         recorded.clear()
