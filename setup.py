@@ -12,7 +12,8 @@ from setuptools import Extension, setup
 
 here = os.path.dirname(os.path.abspath(__file__))
 prefix = os.environ.get("FST_DEPS_PREFIX", "")
-include_dirs = [os.path.join(here, "include"), os.path.join(here, "src")]
+MODULES = ["base", "format", "plan", "io", "gpu", "load"]
+include_dirs = [os.path.join(here, "include")] + [os.path.join(here, "src", m) for m in MODULES]
 library_dirs = []
 if prefix:
     include_dirs.append(os.path.join(prefix, "usr/include"))
@@ -30,7 +31,7 @@ if prefix and not os.path.exists(os.path.join(prefix, "usr/lib/x86_64-linux-gnu/
     libraries[0] = ":libjansson.so.4"  # only the runtime library is there
 
 sources = ["python/fst/_fst.c"] + sorted(
-    os.path.relpath(p, here) for p in glob.glob(os.path.join(here, "src", "*.c")))
+    os.path.relpath(p, here) for p in glob.glob(os.path.join(here, "src", "*", "*.c")))
 
 setup(options={"build": {"build_base": "build/python"}}, ext_modules=[Extension(
     "fst._fst",

@@ -1,5 +1,5 @@
 /*
- * Description: our cuFile declarations (src/cufile_decls.h) against the
+ * Description: our cuFile declarations (src/gpu/cufile_decls.h) against the
  * real cufile.h: sizes, field offsets, constants and function types. Built
  * and run on a machine with the CUDA toolkit's cufile.h:
  *   cc -std=c11 -I/usr/local/cuda/include -iquote src \

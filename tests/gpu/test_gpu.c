@@ -377,7 +377,7 @@ static int test_out_of_memory(void)
 
 /* ------------------------------------------------ fault injection on the GPU */
 
-/* libfst's count of its own live host allocations (src/mem.c). The suite
+/* libfst's count of its own live host allocations (src/base/mem.c). The suite
  * links the static library, so this internal symbol is reachable. */
 long fsti_live_allocations(void);
 
@@ -680,7 +680,7 @@ static int load_compare_opts(const fst_checkpoint *ck, const fst_load_opts *o, c
 }
 
 /* The error of a failed load at a staging-path site: its code, CUresult and
- * words (src/cuda_sink.c), and the site's own "injected fault" log line. */
+ * words (src/load/cuda_sink.c), and the site's own "injected fault" log line. */
 static int check_site_error(const char *site, const char *spec, int rc, const fst_error *err)
 {
 	char dev[32];

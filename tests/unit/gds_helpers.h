@@ -10,7 +10,7 @@
 #ifndef FST_TEST_GDS_HELPERS_H
 #define FST_TEST_GDS_HELPERS_H
 
-#include "internal.h"
+#include "format.h"
 #include "load_helpers.h"
 
 #include <dlfcn.h>

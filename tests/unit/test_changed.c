@@ -7,7 +7,7 @@
  */
 #include "load_helpers.h"
 
-#include "internal.h"
+#include "format.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -1,12 +1,12 @@
-/* Description: src/cuda.h, libfst's own declarations of the CUDA driver API,
+/* Description: src/gpu/cuda.h, libfst's own declarations of the CUDA driver API,
  * checked against the real <cuda.h> of the toolkit: every FSTI_* constant
  * equals the real enumerator or macro of the same name, every function
  * pointer of struct fsti_cuda has the real function's type (up to the two
- * places where src/cuda.h deliberately writes int for an enum of the same
+ * places where src/gpu/cuda.h deliberately writes int for an enum of the same
  * size), and the typedefs we share are the real ones. The checks are static
  * assertions and unevaluated assignments, so a mismatch fails the build;
  * nothing links against libcuda. At run time the test checks that no
- * FSTI_* constant or table entry of src/cuda.h escaped the lists below,
+ * FSTI_* constant or table entry of src/gpu/cuda.h escaped the lists below,
  * that cuda.c resolves every entry, and that the test double exports it. */
 
 /* The real header first, its CUresult (an enum) renamed so that ours (an
@@ -23,7 +23,7 @@
  * (the typedef, parameters) it stays our int.
  */
 #define CUresult(declarator) CUresult_real(declarator)
-#include "../../src/cuda.h"
+#include "../../src/gpu/cuda.h"
 #undef CUresult
 
 #include <setjmp.h>
@@ -80,7 +80,7 @@ _Static_assert(sizeof(CUdevice_attribute) == sizeof(int), "CUdevice_attribute is
 	X(CU_MEMORYTYPE_DEVICE)
 
 #define CHECK_CONSTANT(name) \
-	_Static_assert(FSTI_##name == (name), "src/cuda.h: FSTI_" #name " differs from cuda.h");
+	_Static_assert(FSTI_##name == (name), "src/gpu/cuda.h: FSTI_" #name " differs from cuda.h");
 CONSTANTS(CHECK_CONSTANT)
 
 /* ---- the table: each entry's type is the real function's */
@@ -113,7 +113,7 @@ CONSTANTS(CHECK_CONSTANT)
 	X(cuEventSynchronize)                                                              \
 	X(cuEventDestroy_v2)
 
-/* Entries where src/cuda.h writes int for an int-sized enum parameter
+/* Entries where src/gpu/cuda.h writes int for an int-sized enum parameter
  * (CUresult, CUdevice_attribute); name, the real parameter list, ours. */
 #define INT_FOR_ENUM(X)                                                                    \
 	X(cuGetErrorName, (CUresult_real, const char **), (int, const char **))            \
@@ -204,7 +204,7 @@ static size_t ident_len(const char *s)
 	return n;
 }
 
-/* Every "#define FSTI_X" of src/cuda.h is checked above. */
+/* Every "#define FSTI_X" of src/gpu/cuda.h is checked above. */
 static void test_every_constant_checked(void **state)
 {
 	(void)state;
@@ -214,7 +214,7 @@ static void test_every_constant_checked(void **state)
 		const char *name = p + strlen("#define FSTI_");
 		size_t len = ident_len(name);
 		if (!listed(constant_names, COUNT(constant_names), name, len))
-			fail_msg("src/cuda.h defines FSTI_%.*s, which this test does not check "
+			fail_msg("src/gpu/cuda.h defines FSTI_%.*s, which this test does not check "
 				 "against cuda.h", (int)len, name);
 		found++;
 	}

@@ -12,7 +12,7 @@
  * callback fails the load cleanly. */
 #include "helpers.h"
 #include "load_helpers.h"
-#include "internal.h"
+#include "format.h"
 
 #include <dirent.h>
 #include <dlfcn.h>

@@ -6,7 +6,7 @@
  * and disjoint. */
 #include "helpers.h"
 
-#include "dist.h"
+#include "layout.h"
 
 #include <stdio.h>
 #include <stdlib.h>

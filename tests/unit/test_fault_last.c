@@ -3,7 +3,7 @@
  * too), a reset by every fst_fault_set, a cut buffer, and a count that
  * stays exact with many threads injecting at once. */
 #include "helpers.h"
-#include "internal.h"
+#include "format.h"
 
 #include <pthread.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  * (fsti_live_allocations returns to its starting value). The writer gets
  * the same treatment for "alloc:N". */
 #include "helpers.h"
-#include "internal.h"
+#include "format.h"
 
 #include <stdio.h>
 #include <string.h>

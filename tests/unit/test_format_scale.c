@@ -3,7 +3,7 @@
  * doubling the tensor count must not quadruple the time (a quadratic step
  * in parsing, sorting or the name table would). */
 #include "helpers.h"
-#include "internal.h"
+#include "format.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,8 +1,8 @@
-/* dist.h - the layout of a tensor-parallel load (pure; dist.c). */
-#ifndef FST_DIST_H
-#define FST_DIST_H
+/* layout.h - the layout of a tensor-parallel load (pure; layout.c). */
+#ifndef FST_LAYOUT_H
+#define FST_LAYOUT_H
 
-#include "engine.h"
+#include "plan.h"
 
 struct fsti_dist_tensor {
 	uint32_t entry;       /* index in the checkpoint's table */

@@ -1,11 +1,13 @@
 /*
- * internal.h - helpers shared by libfst's modules; never installed.
+ * base.h - what every module of libfst uses: errors, the clock, logging,
+ * memory, fault injection, name tables, host memory, the environment.
+ * Depends on libc only; never installed (src/README.md).
  *
  * Cross-file internals are prefixed fsti_ and hidden by -fvisibility=hidden
  * and the version script, so they never clash with a caller's symbols.
  */
-#ifndef FST_INTERNAL_H
-#define FST_INTERNAL_H
+#ifndef FST_BASE_H
+#define FST_BASE_H
 
 #include "fst.h"
 
@@ -83,53 +85,11 @@ long fsti_names_find(const fsti_names *t, const char *name, fsti_name_of name_of
 		     const void *ctx);
 void fsti_names_free(fsti_names *t);
 
-/* ---- format (format.c) */
+/* ---- host memory (host_mem.c) */
 
-struct fsti_tensor {
-	const char *name;
-	fst_dtype dtype;
-	uint32_t ndim;
-	uint64_t *shape;
-	uint64_t numel;
-	uint64_t begin, end;
-};
-
-struct fst_file {
-	char *path;
-	int fd;               /* -1 for memory files */
-	const uint8_t *mem;   /* memory files only */
-	uint64_t size;        /* whole file */
-	uint64_t data_offset; /* 8 + header length */
-	/* identity, to detect a file replaced or changed during a load: the
-	 * status change time moves on every write, even one that puts the
-	 * modification time back (rsync --inplace -t, touch -d) */
-	uint64_t dev, ino, mtime_ns, ctime_ns, nlink;
-	size_t ntensors;
-	struct fsti_tensor *tensors; /* sorted by (begin, end) */
-	size_t nmeta;
-	char **meta_keys, **meta_values;
-	fsti_names by_name;
-	char *arena; /* names, shapes: one allocation */
-};
-
-/*
- * Parse and validate a header. header/len is the JSON text (without the
- * 8-byte length), data_len the size of the data section. Fills f's tensor
- * table and metadata. name is used in messages.
- */
-int fsti_parse_header(fst_file *f, const char *name, const char *header, size_t len,
-		      uint64_t data_len, fst_error *err);
-
-void fsti_tensor_info(const fst_file *f, size_t i, fst_tensor_info *out);
-
-/* FST_ECHANGED (naming the file, when, and what moved) unless f's descriptor
- * still shows the size, modification and status change times it had when
- * it was opened; memory images always pass (file.c). */
-int fsti_file_check_unchanged(const fst_file *f, const char *when, fst_error *err);
-/* fsti_name_of over an fst_file's tensors (ctx is the file). */
-const char *fsti_tensor_name_of(const void *ctx, size_t i);
-
-/* Format "[3, 4]" into buf (truncated with "..." if long). */
-void fsti_format_shape(char *buf, size_t size, uint32_t ndim, const uint64_t *shape);
+/* Anonymous memory advised for huge pages, aligned to 2 MiB; optionally
+ * page-locked. *map_len receives the length to pass to fsti_host_free. */
+int fsti_host_alloc(uint64_t size, bool pinned, void **out, uint64_t *map_len, fst_error *err);
+void fsti_host_free(void *p, uint64_t map_len);
 
 #endif

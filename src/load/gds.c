@@ -98,14 +98,22 @@ int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
 						path);
 			continue; /* staged */
 		}
-		/* The opened file, through /proc (the path may name another file
-		 * by now, or none: files opened from a descriptor); O_DIRECT where
-		 * the filesystem allows it. */
-		char self[64];
-		snprintf(self, sizeof self, "/proc/self/fd/%d", f->fd);
-		int fd = open(self, O_RDONLY | O_DIRECT | O_CLOEXEC);
-		if (fd < 0)
-			fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+		/* The opened file again, with O_DIRECT where the filesystem allows
+		 * it, never another file now at its path (io/direct.c). */
+		char why[96];
+		bool other_file;
+		int fd = fsti_open_direct(f, &other_file, why, sizeof why);
+		if (fd < 0 && other_file) {
+			if (on)
+				return fsti_err(err, FST_ECHANGED,
+						"%s: the path now names another file than the one "
+						"opened; cuFile cannot read it",
+						path);
+			fsti_log(FST_LOG_WARN, "%s: the path now names another file than the one "
+					       "opened; loading it through pinned staging",
+				 path);
+			continue;
+		}
 		if (fd < 0)
 			fd = fcntl(f->fd, F_DUPFD_CLOEXEC, 0); /* cuFile may still cope */
 		if (fd < 0) {
@@ -117,19 +125,6 @@ int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
 			continue;
 		}
 		e->gds[i].fd = fd;
-		/* only the opened file may be read */
-		struct stat st;
-		if (fstat(fd, &st) || (uint64_t)st.st_dev != f->dev || (uint64_t)st.st_ino != f->ino) {
-			if (on)
-				return fsti_err(err, FST_ECHANGED,
-						"%s: the path now names another file than the one "
-						"opened; cuFile cannot read it",
-						path);
-			fsti_log(FST_LOG_WARN, "%s: the path now names another file than the one "
-					       "opened; loading it through pinned staging",
-				 path);
-			continue;
-		}
 		fsti_cufile_descr d;
 		memset(&d, 0, sizeof d);
 		d.type = FSTI_CU_FILE_HANDLE_TYPE_OPAQUE_FD;

@@ -5,7 +5,7 @@
  * data section starts at opts.data_align; tensors follow back to back, in the
  * order added or largest-alignment first.
  */
-#include "internal.h"
+#include "format.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -365,6 +365,7 @@ static void cuda_worker_fini(struct fsti_engine *e, void *state)
 
 const struct fsti_sink fsti_sink_cuda = {
 	.name = "cuda",
+	.how = " to pinned staging, async copies to the GPU",
 	.load_init = cuda_load_init,
 	.load_fini = cuda_load_fini,
 	.worker_init = cuda_worker_init,

@@ -24,8 +24,6 @@
 #include <unistd.h>
 
 #define DEFAULT_ALIGN 256u
-#define DEFAULT_STAGING_CACHED (64ull << 20)
-#define DEFAULT_STAGING_DIRECT (256ull << 20)
 #define DEFAULT_CHUNK (16ull << 20)
 /* A read and its block fit a core's L2 together: measured best on the H200 host
  * (docs/design.md, "Integrity"). */
@@ -206,6 +204,7 @@ static void host_worker_fini(struct fsti_engine *e, void *state)
 
 static const struct fsti_sink host_sink = {
 	.name = "host",
+	.how = "",
 	.load_init = NULL, /* engine.c allocates host memory itself */
 	.load_fini = NULL,
 	.worker_init = host_worker_init,
@@ -228,7 +227,7 @@ static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 		char *dst = (char *)e->buf->base + c->dst_off;
 		int rc = 0;
 		if (!e->opts.on_landed) {
-			rc = e->reader->read_exact(e, rstate, c->file, c->file_off, c->len, dst, err);
+			rc = e->reader->read_exact(&e->src, rstate, c->file, c->file_off, c->len, dst, err);
 		} else {
 			/* Reads of at most one block, each reported at once, and
 			 * never ending inside a tensor's block: every block is
@@ -240,7 +239,7 @@ static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 				if (cut < end)
 					cut = fsti_plan_block_cut(&e->plan, &k, c->last, s, cut, block);
 				char *at = dst + (s - c->file_off);
-				rc = e->reader->read_exact(e, rstate, c->file, s, cut - s, at, err);
+				rc = e->reader->read_exact(&e->src, rstate, c->file, s, cut - s, at, err);
 				if (!rc)
 					rc = fsti_report_landed(e, c, s, cut, at, NULL, err);
 			}
@@ -284,7 +283,7 @@ static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_erro
 			char *buf;
 			rc = e->sink->slot_buffer(e, sstate, s, &buf, err);
 			if (!rc)
-				rc = e->reader->start(e, rstate, s, c->file, c->file_off, c->len, buf,
+				rc = e->reader->start(&e->src, rstate, s, c->file, c->file_off, c->len, buf,
 						      err);
 			inflight[s] = c;
 			count++;
@@ -295,7 +294,7 @@ static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_erro
 		 * may still be writing into a slot when it is freed. */
 		const char *where;
 		fst_error werr;
-		int wrc = e->reader->wait(e, rstate, head, &where, &werr);
+		int wrc = e->reader->wait(&e->src, rstate, head, &where, &werr);
 		if (!rc && wrc) {
 			rc = wrc;
 			*err = werr;
@@ -314,7 +313,7 @@ static void *worker_main(void *arg)
 	fst_error err;
 	fsti_err_clear(&err);
 	void *rstate = NULL, *sstate = NULL;
-	int rc = e->reader->worker_init(e, &rstate, &err);
+	int rc = e->reader->worker_init(&e->src, &rstate, &err);
 	if (!rc && !e->sink) {
 		rc = run_direct(e, rstate, &err);
 		e->reader->worker_fini(rstate);
@@ -535,12 +534,7 @@ static void engine_free(struct fsti_engine *e)
 {
 	if (!e)
 		return;
-	if (e->direct_fds) {
-		for (size_t i = 0; i < fst_checkpoint_file_count(e->ck); i++)
-			if (e->direct_fds[i] >= 0)
-				close(e->direct_fds[i]);
-		fsti_free(e->direct_fds);
-	}
+	fsti_direct_fds_free(e->src.direct);
 	fsti_gds_teardown(e); /* before the buffer may go: it deregisters it */
 	if (e->sink && e->sink->load_fini)
 		e->sink->load_fini(e);
@@ -615,7 +609,7 @@ static void describe(struct fsti_engine *e)
 		snprintf(chunk, sizeof chunk, "%" PRIu64 " MiB", e->opts.chunk_bytes >> 20);
 	snprintf(e->describe, sizeof e->describe, "%s%s%s, %u thread%s, %s chunks: %s%s%s",
 		 e->gds_files ? "cuFile where registered, else " : "", e->reader->name,
-		 e->sink == &fsti_sink_cuda ? " to pinned staging, async copies to the GPU" : "",
+		 e->sink ? e->sink->how : "",
 		 e->nthreads, e->nthreads == 1 ? "" : "s", chunk, e->why,
 		 e->gds_why[0] ? "; " : "", e->gds_why);
 }
@@ -662,17 +656,13 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		rc = check_files_unchanged(ck, "since it was opened", err);
 	/* pread into host memory needs nothing in between; everything else
 	 * lands in per-worker slots first. */
-	bool direct = e->device_type == FST_DEVICE_CPU && e->reader == &fsti_reader_pread;
+	bool direct = e->device_type == FST_DEVICE_CPU && e->reader && e->reader->exact_reads;
 	if (!rc && !direct && e->opts.io != FST_IO_MMAP) {
 		e->sink = e->device_type == FST_DEVICE_CUDA ? &fsti_sink_cuda : &host_sink;
-		/* Landing slots of every thread fit the staging budget. By default
-		 * it is small for page-cache reads (pinning memory costs about as
-		 * much as reading it: 64 MiB loaded fastest on the H200) and large
-		 * for O_DIRECT, which wants big requests in flight and whose time
-		 * dwarfs the pinning (docs/design.md, "Defaults"). */
+		/* Landing slots of every thread fit the staging budget, by
+		 * default the reader's own (io.h). */
 		if (!e->opts.staging_bytes)
-			e->opts.staging_bytes = e->reader == &fsti_reader_pread ? DEFAULT_STAGING_CACHED
-										: DEFAULT_STAGING_DIRECT;
+			e->opts.staging_bytes = e->reader->default_staging;
 		uint64_t per_slot = e->opts.staging_bytes / ((uint64_t)e->opts.threads * FSTI_SLOTS);
 		uint64_t chunk = FSTI_MIN(e->opts.chunk_bytes, per_slot);
 		chunk &= ~(uint64_t)(FSTI_DIRECT_ALIGN - 1);
@@ -756,12 +746,9 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 	snprintf(e->buf->describe, sizeof e->buf->describe, "%s", e->describe);
 	e->ready = fsti_calloc(e->plan.nt + 1, sizeof *e->ready);
 	e->remaining = fsti_calloc(e->plan.nt + 1, sizeof *e->remaining);
-	size_t nf = fst_checkpoint_file_count(ck);
-	e->direct_fds = fsti_calloc(nf + 1, sizeof *e->direct_fds);
-	/* mark them "not opened" first: engine_free closes what is >= 0 */
-	for (size_t i = 0; e->direct_fds && i < nf; i++)
-		e->direct_fds[i] = -2;
-	if (!e->ready || !e->remaining || !e->direct_fds) {
+	e->src.ck = ck;
+	e->src.direct = fsti_direct_fds_new(fst_checkpoint_file_count(ck));
+	if (!e->ready || !e->remaining || !e->src.direct) {
 		rc = fsti_err(err, FST_ENOMEM, "out of memory for the loader");
 		goto fail;
 	}

@@ -7,7 +7,7 @@
  * memory is not touched here: the reader threads fault it in, in parallel,
  * as their reads land.
  */
-#include "engine.h"
+#include "base.h"
 
 #include <errno.h>
 #include <inttypes.h>

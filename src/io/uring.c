@@ -11,7 +11,7 @@
  * is refused (tmpfs, some FUSE filesystems) the worker reads through the
  * page cache with the same ring, and the engine logs that once.
  */
-#include "engine.h"
+#include "io.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -54,9 +54,9 @@ struct uring_worker {
 	unsigned free_slots[DEPTH], nfree;
 };
 
-static int uring_init(struct fsti_engine *e, void **state, fst_error *err)
+static int uring_init(const struct fsti_source *src, void **state, fst_error *err)
 {
-	(void)e;
+	(void)src;
 	struct uring_worker *w = fsti_calloc(1, sizeof *w);
 	if (!w)
 		return fsti_err(err, FST_ENOMEM, "out of memory for an io_uring worker");
@@ -185,52 +185,14 @@ static int window_wait(struct uring_worker *w, struct window *win, fst_error *er
 	return 0;
 }
 
-/*
- * The O_DIRECT descriptor of a file, opened on first use; -1 when there is
- * none (then reads go through the page cache, with the descriptor the file
- * was opened with). The path is opened again, so the new descriptor must
- * name the very file that was opened and validated: a file renamed over the
- * path since then is never read.
- */
-static int direct_fd(struct fsti_engine *e, uint32_t file)
-{
-	const fst_file *f = fst_checkpoint_file(e->ck, file);
-	pthread_mutex_lock(&e->lock);
-	int fd = e->direct_fds[file];
-	if (fd == -2) {
-		char why[96] = "";
-		fd = open(f->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-		if (fd < 0) {
-			snprintf(why, sizeof why, "O_DIRECT refused: %s", strerror(errno));
-		} else {
-			struct stat st;
-			if (fstat(fd, &st) || (uint64_t)st.st_dev != f->dev ||
-			    (uint64_t)st.st_ino != f->ino) {
-				close(fd);
-				fd = -1;
-				snprintf(why, sizeof why, "the path names another file now");
-			}
-		}
-		if (fd < 0 && !e->direct_refused_logged) {
-			e->direct_refused_logged = true;
-			fsti_log(FST_LOG_INFO, "%s: no O_DIRECT descriptor (%s); reading through "
-					       "the page cache",
-				 f->path, why);
-		}
-		e->direct_fds[file] = fd < 0 ? -1 : fd;
-	}
-	pthread_mutex_unlock(&e->lock);
-	return fd;
-}
-
-static int uring_start(struct fsti_engine *e, void *state, int slot, uint32_t file, uint64_t off,
+static int uring_start(const struct fsti_source *src, void *state, int slot, uint32_t file, uint64_t off,
 		       uint64_t len, char *buf, fst_error *err)
 {
 	struct uring_worker *w = state;
 	struct window *win = &w->win[slot];
-	win->path = fsti_engine_path(e, file);
+	const fst_file *f = fst_checkpoint_file(src->ck, file);
+	win->path = f->path;
 	win->buf = buf;
-	const fst_file *f = fst_checkpoint_file(e->ck, file);
 	if (f->fd < 0 && f->mem) {
 		/* a memory image: nothing to read, never a path to open */
 		int rc = fsti_copy_from_image(f, off, len, buf, err);
@@ -241,10 +203,12 @@ static int uring_start(struct fsti_engine *e, void *state, int slot, uint32_t fi
 				       .where = buf};
 		return 0;
 	}
-	int dfd = direct_fd(e, file);
+	/* O_DIRECT where the filesystem allows it, on a descriptor that names
+	 * the very file opened and validated (direct.c); else buffered. */
+	int dfd = fsti_direct_fd(src->direct, file, f);
 	if (dfd < 0) {
 		/* buffered: the exact bytes at the start of the slot */
-		window_start(w, win, fsti_engine_fd(e, file), off, len, len);
+		window_start(w, win, f->fd, off, len, len);
 		win->where = buf;
 	} else {
 		uint64_t a0 = off & ~(uint64_t)(DIRECT_ALIGN - 1);
@@ -259,10 +223,10 @@ static int uring_start(struct fsti_engine *e, void *state, int slot, uint32_t fi
 	return 0;
 }
 
-static int uring_wait(struct fsti_engine *e, void *state, int slot, const char **where,
+static int uring_wait(const struct fsti_source *src, void *state, int slot, const char **where,
 		      fst_error *err)
 {
-	(void)e;
+	(void)src;
 	struct uring_worker *w = state;
 	int rc = window_wait(w, &w->win[slot], err);
 	*where = w->win[slot].where;
@@ -271,6 +235,8 @@ static int uring_wait(struct fsti_engine *e, void *state, int slot, const char *
 
 const struct fsti_reader fsti_reader_uring = {
 	.name = "uring",
+	.exact_reads = false,
+	.default_staging = FSTI_STAGING_DIRECT,
 	.worker_init = uring_init,
 	.read_exact = NULL,
 	.start = uring_start,

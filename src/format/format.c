@@ -5,7 +5,7 @@
  * rules"), plus one more: duplicate keys are rejected. Every message starts
  * with the file's name and, when a tensor is at fault, names it.
  */
-#include "internal.h"
+#include "format.h"
 
 #include <inttypes.h>
 #include <jansson.h>

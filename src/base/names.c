@@ -1,6 +1,6 @@
 /* names.c - an open-addressing hash table from tensor name to index. The
  * table stores indices only; names stay where their owner keeps them. */
-#include "internal.h"
+#include "base.h"
 
 #include <string.h>
 

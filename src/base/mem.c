@@ -1,6 +1,6 @@
 /* mem.c - every host allocation of libfst goes through here, so tests can
  * inject allocation failures ("alloc" fault site) and count live blocks. */
-#include "internal.h"
+#include "base.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

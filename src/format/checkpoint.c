@@ -2,7 +2,7 @@
  * checkpoint.c - one tensor table over one or more safetensors files: a
  * single file, a directory, or a model.safetensors.index.json.
  */
-#include "internal.h"
+#include "format.h"
 
 #include <dirent.h>
 #include <errno.h>

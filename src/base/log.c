@@ -1,5 +1,5 @@
 /* log.c - leveled log lines to stderr or a caller's callback. */
-#include "internal.h"
+#include "base.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -16,7 +16,7 @@
  * succeeded.
  */
 #include "cuda.h"
-#include "dist.h"
+#include "layout.h"
 #include "engine.h"
 #include "nccl.h"
 
@@ -142,107 +142,6 @@ void fst_comm_destroy(fst_comm *c)
 		c->cu->cuStreamDestroy_v2(c->stream);
 	fsti_cuda_restore(saved);
 	fsti_free(c);
-}
-
-/* ---- layout (pure) */
-
-int fsti_dist_layout(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
-		     const int *dims, int world, int rank, uint32_t align, struct fsti_dist *out,
-		     fst_error *err)
-{
-	memset(out, 0, sizeof *out);
-	size_t n = fst_checkpoint_tensor_count(ck);
-	out->t = fsti_calloc(n + 1, sizeof *out->t);
-	if (!out->t)
-		return fsti_err(err, FST_ENOMEM, "out of memory for the layout");
-	uint64_t bcast_total = 0;
-	for (size_t i = 0; i < n; i++) {
-		fst_tensor_info info;
-		size_t file;
-		fst_checkpoint_tensor(ck, i, &info, &file);
-		if (filter && !filter(filter_ctx, info.name))
-			continue;
-		struct fsti_dist_tensor *t = &out->t[out->n++];
-		t->entry = (uint32_t)i;
-		t->file = (uint32_t)file;
-		t->file_off = info.file_offset;
-		t->full_bytes = info.nbytes;
-		t->dim = dims ? dims[i] : FST_REPLICATE;
-		if (t->dim < FST_REPLICATE || (t->dim >= 0 && (uint32_t)t->dim >= info.ndim)) {
-			fsti_dist_free(out);
-			return fsti_err(err, FST_EUSAGE,
-					"tensor \"%s\": cannot shard along dim %d of a %u-dimensional "
-					"tensor",
-					info.name, dims[i], info.ndim);
-		}
-		unsigned bits = fst_dtype_bits(info.dtype);
-		if (t->dim >= 0 && bits % 8) {
-			fsti_dist_free(out);
-			return fsti_err(err, FST_EUNSUPPORTED,
-					"tensor \"%s\": %s packs several elements in a byte and "
-					"cannot be sharded",
-					info.name, fst_dtype_name(info.dtype));
-		}
-		if (t->dim < 0) {
-			t->outer = 1;
-			t->mid = 1;
-			t->inner_bytes = info.nbytes;
-			t->start = 0;
-			t->len = 1;
-			t->contiguous = false;
-		} else {
-			uint64_t outer = 1, inner = bits / 8;
-			for (int d = 0; d < t->dim; d++)
-				outer *= info.shape[d];
-			for (uint32_t d = (uint32_t)t->dim + 1; d < info.ndim; d++)
-				inner *= info.shape[d];
-			t->outer = outer;
-			t->mid = info.shape[t->dim];
-			t->inner_bytes = inner;
-			uint64_t block = (t->mid + (uint64_t)world - 1) / (uint64_t)world;
-			t->start = FSTI_MIN((uint64_t)rank * block, t->mid);
-			t->len = FSTI_MIN(block, t->mid - t->start);
-			t->contiguous = outer == 1 || t->full_bytes == 0;
-		}
-		t->shard_bytes = t->outer * t->len * t->inner_bytes;
-		if (!t->contiguous)
-			bcast_total += t->full_bytes;
-	}
-	/* Owners: consecutive runs balanced by bytes, the same on every rank. */
-	uint64_t before = 0, dst = 0, scratch = 0;
-	for (size_t i = 0; i < out->n; i++) {
-		struct fsti_dist_tensor *t = &out->t[i];
-		t->owner = -1;
-		if (!t->contiguous) {
-			uint64_t mid = before + t->full_bytes / 2;
-			t->owner = bcast_total ? (int)FSTI_MIN((uint64_t)world - 1,
-							       mid * (uint64_t)world / bcast_total)
-					       : 0;
-			before += t->full_bytes;
-			if (t->dim >= 0) {
-				out->temp_bytes = FSTI_MAX(out->temp_bytes, t->full_bytes);
-				if (t->owner == rank) {
-					scratch = (scratch + align - 1) & ~(uint64_t)(align - 1);
-					t->scratch_off = scratch;
-					scratch += t->full_bytes;
-				}
-			}
-		}
-		dst = (dst + align - 1) & ~(uint64_t)(align - 1);
-		t->dst_off = dst;
-		dst += t->shard_bytes;
-		out->read_bytes += t->contiguous ? t->shard_bytes
-						 : (t->owner == rank ? t->full_bytes : 0);
-	}
-	out->dst_bytes = dst;
-	out->scratch_bytes = scratch;
-	return 0;
-}
-
-void fsti_dist_free(struct fsti_dist *d)
-{
-	fsti_free(d->t);
-	memset(d, 0, sizeof *d);
 }
 
 /* The reads of this rank among tensors [i0, i1): into the final buffer,

@@ -7,7 +7,7 @@
 #ifndef FST_CUDA_H
 #define FST_CUDA_H
 
-#include "internal.h"
+#include "base.h"
 
 typedef int CUresult;
 typedef int CUdevice;

@@ -1,5 +1,5 @@
 /* dtype.c - the element types of the safetensors format and their sizes. */
-#include "internal.h"
+#include "format.h"
 
 #include <string.h>
 

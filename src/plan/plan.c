@@ -11,7 +11,7 @@
  * Misaligned file offsets are absorbed here, by where bytes land: nothing is
  * ever moved after it has been read.
  */
-#include "engine.h"
+#include "plan.h"
 
 #include <string.h>
 

@@ -1,6 +1,6 @@
 /* file.c - open one safetensors file (path, descriptor or memory) and
  * answer questions about its header. */
-#include "internal.h"
+#include "format.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /* error.c - status strings and filling fst_error. */
-#include "internal.h"
+#include "base.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -6,7 +6,7 @@
  * such as ENOSPC (default EIO). Sites are listed in fault_sites below and in
  * docs/testing.md. When nothing is armed the cost is one atomic load.
  */
-#include "internal.h"
+#include "base.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -3,7 +3,7 @@
  * pread straight into their destination. The fastest path when the files
  * are in the page cache: one copy, done by the kernel, in parallel.
  */
-#include "engine.h"
+#include "io.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -62,39 +62,38 @@ struct pread_worker {
 	const char *where[FSTI_SLOTS];
 };
 
-static int pread_init(struct fsti_engine *e, void **state, fst_error *err)
+static int pread_init(const struct fsti_source *src, void **state, fst_error *err)
 {
-	(void)e;
+	(void)src;
 	*state = fsti_calloc(1, sizeof(struct pread_worker));
 	return *state ? 0 : fsti_err(err, FST_ENOMEM, "out of memory for a reader");
 }
 
-static int pread_read(struct fsti_engine *e, void *state, uint32_t file, uint64_t off,
+static int pread_read(const struct fsti_source *src, void *state, uint32_t file, uint64_t off,
 		      uint64_t len, void *dst, fst_error *err)
 {
 	(void)state;
 	/* A memory image (fst_file_open_memory) has no descriptor: its bytes
 	 * are already here, and were validated at open. */
-	const fst_file *f = fst_checkpoint_file(e->ck, file);
+	const fst_file *f = fst_checkpoint_file(src->ck, file);
 	if (f->fd < 0 && f->mem)
 		return fsti_copy_from_image(f, off, len, dst, err);
-	return fsti_pread_exact(fsti_engine_fd(e, file), fsti_engine_path(e, file), dst, len, off,
-				err);
+	return fsti_pread_exact(f->fd, f->path, dst, len, off, err);
 }
 
 /* pread has no asynchronous form: start reads, wait only reports where. */
-static int pread_start(struct fsti_engine *e, void *state, int slot, uint32_t file, uint64_t off,
+static int pread_start(const struct fsti_source *src, void *state, int slot, uint32_t file, uint64_t off,
 		       uint64_t len, char *buf, fst_error *err)
 {
 	struct pread_worker *w = state;
 	w->where[slot] = buf;
-	return pread_read(e, state, file, off, len, buf, err);
+	return pread_read(src, state, file, off, len, buf, err);
 }
 
-static int pread_wait(struct fsti_engine *e, void *state, int slot, const char **where,
+static int pread_wait(const struct fsti_source *src, void *state, int slot, const char **where,
 		      fst_error *err)
 {
-	(void)e;
+	(void)src;
 	(void)err;
 	*where = ((struct pread_worker *)state)->where[slot];
 	return 0;
@@ -107,47 +106,11 @@ static void pread_fini(void *state)
 
 const struct fsti_reader fsti_reader_pread = {
 	.name = "pread",
+	.exact_reads = true,
+	.default_staging = FSTI_STAGING_CACHED,
 	.worker_init = pread_init,
 	.read_exact = pread_read,
 	.start = pread_start,
 	.wait = pread_wait,
 	.worker_fini = pread_fini,
 };
-
-double fsti_cached_fraction(const fst_checkpoint *ck)
-{
-	/* Probe up to 64 windows of 16 pages per file with mincore. */
-	const long page = sysconf(_SC_PAGESIZE);
-	uint64_t resident = 0, probed = 0;
-	for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++) {
-		const fst_file *f = fst_checkpoint_file(ck, i);
-		uint64_t size = fst_file_size(f);
-		if (fst_file_fd(f) < 0 || size == 0)
-			continue;
-		void *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fst_file_fd(f), 0);
-		if (map == MAP_FAILED)
-			return -1;
-		uint64_t pages = (size + (uint64_t)page - 1) / (uint64_t)page;
-		unsigned windows = pages < 64 * 16 ? 1 : 64;
-		uint64_t step = pages / windows;
-		for (unsigned w = 0; w < windows; w++) {
-			uint64_t first = w * step;
-			uint64_t n = FSTI_MIN(pages - first, (uint64_t)(windows == 1 ? pages : 16));
-			unsigned char vec[1024];
-			for (uint64_t done = 0; done < n;) {
-				uint64_t k = FSTI_MIN(n - done, (uint64_t)sizeof vec);
-				if (mincore((char *)map + (first + done) * (uint64_t)page,
-					    (size_t)(k * (uint64_t)page), vec)) {
-					munmap(map, size);
-					return -1;
-				}
-				for (uint64_t j = 0; j < k; j++)
-					resident += vec[j] & 1;
-				probed += k;
-				done += k;
-			}
-		}
-		munmap(map, size);
-	}
-	return probed ? (double)resident / (double)probed : 1.0;
-}

@@ -1,0 +1,100 @@
+/*
+ * io.h - reading file bytes: pread and io_uring readers, O_DIRECT, page
+ * cache residency (io/). Never knows loads or GPUs; depends on base/ and
+ * format/.
+ */
+#ifndef FST_IO_H
+#define FST_IO_H
+
+#include "format.h"
+
+#include <pthread.h>
+
+/* ---- readers (pread.c, uring.c) */
+
+/*
+ * What a reader reads: the checkpoint's files, and O_DIRECT descriptors for
+ * them opened on first use (NULL: never O_DIRECT). A reader gets this and
+ * its own state, never the load that drives it.
+ */
+struct fsti_direct_fds;
+struct fsti_source {
+	const fst_checkpoint *ck;
+	struct fsti_direct_fds *direct;
+};
+
+/*
+ * Readers. A worker reads a chunk either straight into the destination
+ * (read_exact) or into one of its landing slots (start, then wait): slot
+ * buffers are FSTI_DIRECT_ALIGN-aligned with room for len + 2 * FSTI_DIRECT_ALIGN
+ * bytes, and the reader says where in the slot the chunk's first byte is
+ * (O_DIRECT reads land at the block-aligned offset below it). start may
+ * return before the bytes arrive; wait returns once they are all there.
+ */
+#define FSTI_DIRECT_ALIGN 4096u
+/* Default staging budgets: small for page-cache reads (pinning memory costs
+ * about as much as reading it: 64 MiB loaded fastest on the H200), large for
+ * O_DIRECT, which wants big requests in flight and whose time dwarfs the
+ * pinning (docs/design.md, "Defaults"). */
+#define FSTI_STAGING_CACHED (64ull << 20)
+#define FSTI_STAGING_DIRECT (256ull << 20)
+/* Landing slots per worker: up to two reads in flight while the third
+ * slot's bytes are still being copied out (to a GPU, asynchronously). */
+#define FSTI_SLOTS 3
+
+struct fsti_reader {
+	const char *name;
+	/* Whether it reads straight into the destination (read_exact) and so
+	 * wants a plan whose extents are contiguous there too. */
+	bool exact_reads;
+	/* The host staging budget it works best with by default. */
+	uint64_t default_staging;
+	int (*worker_init)(const struct fsti_source *src, void **state, fst_error *err);
+	int (*read_exact)(const struct fsti_source *src, void *state, uint32_t file, uint64_t off,
+			  uint64_t len, void *dst, fst_error *err);
+	int (*start)(const struct fsti_source *src, void *state, int slot, uint32_t file, uint64_t off,
+		     uint64_t len, char *buf, fst_error *err);
+	int (*wait)(const struct fsti_source *src, void *state, int slot, const char **where,
+		    fst_error *err);
+	void (*worker_fini)(void *state);
+};
+
+extern const struct fsti_reader fsti_reader_pread;
+extern const struct fsti_reader fsti_reader_uring;
+/* Whether io_uring can be set up here (some sandboxes forbid it); cached. */
+bool fsti_uring_available(void);
+
+/* The bytes of a memory image (fst_file_open_memory), which has no
+ * descriptor: they are already in memory and were validated at open. */
+int fsti_copy_from_image(const fst_file *f, uint64_t off, uint64_t len, void *dst,
+			 fst_error *err);
+
+/* pread until len bytes; a short file is FST_ECHANGED. */
+int fsti_pread_exact(int fd, const char *path, void *dst, uint64_t len, uint64_t off,
+		     fst_error *err);
+
+/* ---- O_DIRECT descriptors (direct.c) */
+
+/* A new O_DIRECT descriptor for the opened file f, through /proc/self/fd
+ * (the path may name another file by now, or none), else its path; never
+ * one that names another file than the one opened (same device and inode).
+ * Returns it, or -1 with the reason in why; *other_file says the path names
+ * another file now (a change, not a refusal). */
+int fsti_open_direct(const fst_file *f, bool *other_file, char *why, size_t why_size);
+
+/* A load's cache of O_DIRECT descriptors, one per file, opened on first
+ * use and closed by fsti_direct_fds_free; it has its own lock. NULL when
+ * out of memory. */
+struct fsti_direct_fds *fsti_direct_fds_new(size_t nfiles);
+/* The descriptor for file i (f), or -1 when the file cannot be read with
+ * O_DIRECT (then read through the page cache); the first refusal is logged. */
+int fsti_direct_fd(struct fsti_direct_fds *d, uint32_t i, const fst_file *f);
+void fsti_direct_fds_free(struct fsti_direct_fds *d);
+
+/* ---- page cache residency (residency.c) */
+
+/* Fraction (0..1) of the checkpoint's data pages resident in the page cache,
+ * sampled; -1 when it cannot be told. */
+double fsti_cached_fraction(const fst_checkpoint *ck);
+
+#endif
