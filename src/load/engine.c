@@ -1,13 +1,14 @@
 /*
- * engine.c - the loading pipeline: plan, destination, reader threads, and
- * per-tensor readiness.
+ * engine.c - the loading pipeline: the choice of read path, the plan, the
+ * destination, reader threads, and the loader API over them.
  *
  * Workers take chunks in plan order from one atomic counter, ask the sink
  * where the bytes go (the destination itself on the CPU, a staging slot for
  * a GPU), read them there, and hand them to the sink. The sink reports each
  * chunk once its bytes are in their final place; only then does the engine
  * count them against their tensors. A tensor is ready exactly when its last
- * byte has been counted: readiness is decided here and nowhere else.
+ * byte has been counted: readiness is decided in readiness.c and nowhere
+ * else.
  */
 #include "cuda.h"
 #include "engine.h"
@@ -23,22 +24,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_ALIGN 256u
-#define DEFAULT_CHUNK (16ull << 20)
-/* A read and its block fit a core's L2 together: measured best on the H200 host
- * (docs/design.md, "Integrity"). */
-#define DEFAULT_LANDED_BLOCK (256ull << 10)
-#define MAX_THREADS 64u
-
-void fst_load_opts_init(fst_load_opts *o)
-{
-	memset(o, 0, sizeof *o);
-	o->struct_size = sizeof *o;
-	o->device = "cpu";
-	o->io = FST_IO_AUTO;
-	o->gds = FST_GDS_AUTO;
-}
-
 const char *fsti_engine_path(const struct fsti_engine *e, uint32_t file)
 {
 	return fst_file_path(fst_checkpoint_file(e->ck, file));
@@ -48,171 +33,6 @@ int fsti_engine_fd(const struct fsti_engine *e, uint32_t file)
 {
 	return fst_file_fd(fst_checkpoint_file(e->ck, file));
 }
-
-/* ---- readiness */
-
-static void push_ready_locked(struct fsti_engine *e, size_t t)
-{
-	e->ready[e->nready++] = t;
-}
-
-void fsti_chunk_done(struct fsti_engine *e, const struct fsti_chunk *c)
-{
-	uint64_t c0 = c->file_off, c1 = c->file_off + c->len;
-	bool any = false;
-	for (uint32_t i = c->first; i <= c->last; i++) {
-		const struct fsti_plan_tensor *t = &e->plan.t[i];
-		uint64_t a = FSTI_MAX(c0, t->file_off), b = FSTI_MIN(c1, t->file_off + t->nbytes);
-		if (b <= a)
-			continue;
-		if (atomic_fetch_sub(&e->remaining[i], b - a) == b - a) {
-			pthread_mutex_lock(&e->lock);
-			push_ready_locked(e, i);
-			pthread_mutex_unlock(&e->lock);
-			any = true;
-		}
-	}
-	atomic_fetch_add(&e->bytes_done, c->len);
-	if (any)
-		pthread_cond_broadcast(&e->cond);
-}
-
-void fsti_engine_fail(struct fsti_engine *e, const fst_error *err)
-{
-	pthread_mutex_lock(&e->lock);
-	if (!e->error) {
-		e->error = err->code ? err->code : FST_EIO;
-		e->first_error = *err;
-	}
-	pthread_mutex_unlock(&e->lock);
-	atomic_store(&e->stop, 1);
-	pthread_cond_broadcast(&e->cond);
-}
-
-/* ---- on_landed: bytes shown to the caller as they pass through host memory */
-
-/*
- * Report file bytes [a, b) of chunk c, readable at p (the byte at a), cut at
- * multiples of landed_block counted from each tensor's first byte. With
- * copy_to (the destination's base) each block is first copied to its place
- * and reported from there, while it is still in the caches.
- */
-int fsti_report_landed(struct fsti_engine *e, const struct fsti_chunk *c, uint64_t a,
-		       uint64_t b, const char *p, char *copy_to, fst_error *err)
-{
-	const uint64_t block = e->opts.landed_block;
-	for (uint32_t i = c->first; i <= c->last; i++) {
-		const struct fsti_plan_tensor *t = &e->plan.t[i];
-		uint64_t x = FSTI_MAX(a, t->file_off), y = FSTI_MIN(b, t->file_off + t->nbytes);
-		while (x < y) {
-			uint64_t rel = x - t->file_off;
-			uint64_t n = FSTI_MIN(y - x, block - rel % block);
-			const char *at = p + (x - a);
-			if (copy_to) {
-				memcpy(copy_to + t->dst_off + rel, at, n);
-				at = copy_to + t->dst_off + rel;
-			}
-			int rc = e->opts.on_landed(e->opts.on_landed_ctx, t->entry, rel, at, n);
-			if (rc) {
-				fst_tensor_info info;
-				fst_checkpoint_tensor(e->ck, t->entry, &info, NULL);
-				return fsti_err(err, rc < 0 && rc >= FST_ECHANGED ? rc : FST_ECANCELED,
-						"tensor \"%s\": on_landed returned %d at byte %" PRIu64,
-						info.name, rc, rel);
-			}
-			x += n;
-		}
-	}
-	return 0;
-}
-
-/* ---- the host sink for readers that need landing slots (O_DIRECT) */
-
-struct host_worker {
-	char *slot[FSTI_SLOTS];
-};
-
-static int host_worker_init(struct fsti_engine *e, void **state, fst_error *err)
-{
-	struct host_worker *w = fsti_calloc(1, sizeof *w);
-	if (!w)
-		return fsti_err(err, FST_ENOMEM, "out of memory for landing slots");
-	*state = w;
-	for (int s = 0; s < FSTI_SLOTS; s++)
-		if (!(w->slot[s] = fsti_aligned_alloc(FSTI_DIRECT_ALIGN, (size_t)e->slot_bytes)))
-			return fsti_err(err, FST_ENOMEM, "out of memory for landing slots");
-	return 0;
-}
-
-static int host_slot_buffer(struct fsti_engine *e, void *state, int s, char **buf,
-			    fst_error *err)
-{
-	(void)e;
-	(void)err;
-	*buf = ((struct host_worker *)state)->slot[s];
-	return 0;
-}
-
-struct scatter {
-	char *dst;
-	const char *src;
-};
-
-static int scatter_piece(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len)
-{
-	struct scatter *sc = ctx;
-	memcpy(sc->dst + dst_off, sc->src + at, len);
-	return 0;
-}
-
-static int host_deliver(struct fsti_engine *e, void *state, int s, const struct fsti_chunk *c,
-			const char *where, fst_error *err)
-{
-	(void)state;
-	(void)s;
-	if (e->opts.on_landed) {
-		int rc = fsti_report_landed(e, c, c->file_off, c->file_off + c->len, where,
-					    e->buf->base, err);
-		if (rc)
-			return rc;
-	} else {
-		struct scatter sc = {e->buf->base, where};
-		fsti_chunk_pieces(&e->plan, c, scatter_piece, &sc);
-	}
-	fsti_chunk_done(e, c);
-	return 0;
-}
-
-static int host_drain(struct fsti_engine *e, void *state, fst_error *err)
-{
-	(void)e;
-	(void)state;
-	(void)err;
-	return 0;
-}
-
-static void host_worker_fini(struct fsti_engine *e, void *state)
-{
-	(void)e;
-	struct host_worker *w = state;
-	if (!w)
-		return;
-	for (int s = 0; s < FSTI_SLOTS; s++)
-		fsti_free(w->slot[s]);
-	fsti_free(w);
-}
-
-static const struct fsti_sink host_sink = {
-	.name = "host",
-	.how = "",
-	.load_init = NULL, /* engine.c allocates host memory itself */
-	.load_fini = NULL,
-	.worker_init = host_worker_init,
-	.slot_buffer = host_slot_buffer,
-	.deliver = host_deliver,
-	.drain = host_drain,
-	.worker_fini = host_worker_fini,
-};
 
 /* ---- workers */
 
@@ -341,87 +161,6 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-/* ---- options */
-
-static int parse_device(const char *s, int *type, int *id, fst_error *err)
-{
-	if (!s || !strcmp(s, "cpu")) {
-		*type = FST_DEVICE_CPU;
-		*id = 0;
-		return 0;
-	}
-	if (!strcmp(s, "cuda")) {
-		*type = FST_DEVICE_CUDA;
-		*id = 0;
-		return 0;
-	}
-	if (!strncmp(s, "cuda:", 5) && s[5]) {
-		char *end;
-		long v = strtol(s + 5, &end, 10);
-		if (!*end && v >= 0 && v < 1024) {
-			*type = FST_DEVICE_CUDA;
-			*id = (int)v;
-			return 0;
-		}
-	}
-	return fsti_err(err, FST_EUSAGE, "device \"%s\": expected cpu, cuda or cuda:N", s);
-}
-
-static unsigned default_threads(void)
-{
-	long n = sysconf(_SC_NPROCESSORS_ONLN);
-	return n < 1 ? 1 : n > 16 ? 16 : (unsigned)n;
-}
-
-static int check_opts(const fst_load_opts *in, fst_load_opts *o, fst_error *err)
-{
-	fst_load_opts_init(o);
-	if (in) {
-		if (in->struct_size < sizeof(size_t) || in->struct_size > sizeof *o)
-			return fsti_err(err, FST_EUSAGE,
-					"load options not initialised with fst_load_opts_init");
-		memcpy(o, in, in->struct_size);
-		o->struct_size = sizeof *o;
-	}
-	if (o->io < FST_IO_AUTO || o->io > FST_IO_MMAP)
-		return fsti_err(err, FST_EUSAGE, "unknown io method %d", o->io);
-	if (o->gds < FST_GDS_AUTO || o->gds > FST_GDS_OFF)
-		return fsti_err(err, FST_EUSAGE, "unknown gds policy %d", o->gds);
-	/* FST_GDS from the environment decides where the caller left the
-	 * default (auto): deployments can switch GDS off without code. */
-	const char *env = getenv("FST_GDS");
-	if (o->gds == FST_GDS_AUTO && env && *env) {
-		if (!strcmp(env, "on"))
-			o->gds = FST_GDS_ON;
-		else if (!strcmp(env, "off"))
-			o->gds = FST_GDS_OFF;
-		else if (strcmp(env, "auto"))
-			return fsti_err(err, FST_EUSAGE, "FST_GDS=\"%s\": expected auto, on or off",
-					env);
-	}
-	if (!o->align)
-		o->align = DEFAULT_ALIGN;
-	if (o->align & (o->align - 1))
-		return fsti_err(err, FST_EUSAGE, "align %u is not a power of two", o->align);
-	if (!o->threads)
-		o->threads = default_threads();
-	if (o->threads > MAX_THREADS)
-		return fsti_err(err, FST_EUSAGE, "%u threads: at most %u", o->threads, MAX_THREADS);
-	if (!o->landed_block)
-		o->landed_block = DEFAULT_LANDED_BLOCK;
-	if ((o->landed_block & (o->landed_block - 1)) || o->landed_block < 4096 ||
-	    o->landed_block > (1ull << 30))
-		return fsti_err(err, FST_EUSAGE,
-				"landed_block %" PRIu64 " must be a power of two, 4 KiB to 1 GiB",
-				o->landed_block);
-	if (!o->chunk_bytes)
-		o->chunk_bytes = DEFAULT_CHUNK;
-	if (o->chunk_bytes < 4096 || o->chunk_bytes > (1ull << 30))
-		return fsti_err(err, FST_EUSAGE, "chunk size %" PRIu64 " must be 4 KiB to 1 GiB",
-				o->chunk_bytes);
-	return 0;
-}
-
 /* The files must be the ones that were opened, unchanged. */
 static int check_files_unchanged(const fst_checkpoint *ck, const char *when, fst_error *err)
 {
@@ -438,93 +177,6 @@ static int check_files_unchanged(const fst_checkpoint *ck, const char *when, fst
 				 "opened file was read",
 				 f->path, when);
 	}
-	return 0;
-}
-
-/* ---- the mmap "load": views of the files, no copy; read-only shared
- * mappings, or private copy-on-write ones that may be written */
-
-static void release_maps(struct fst_buffer *b)
-{
-	for (size_t i = 0; i < b->nmaps; i++)
-		if (b->maps[i])
-			munmap(b->maps[i], b->map_lens[i]);
-	fsti_free(b->maps);
-	fsti_free(b->map_lens);
-}
-
-static int map_files(struct fsti_engine *e, fst_error *err)
-{
-	struct fst_buffer *b = e->buf;
-	size_t nf = fst_checkpoint_file_count(e->ck);
-	b->maps = fsti_calloc(nf, sizeof *b->maps);
-	b->map_lens = fsti_calloc(nf, sizeof *b->map_lens);
-	b->release_memory = release_maps;
-	if (!b->maps || !b->map_lens)
-		return fsti_err(err, FST_ENOMEM, "out of memory");
-	b->nmaps = nf;
-	/* a private mapping of a file opened read-only may still be writable:
-	 * written pages are copied, the file is never written */
-	int prot = e->opts.mmap_private ? PROT_READ | PROT_WRITE : PROT_READ;
-	int flags = e->opts.mmap_private ? MAP_PRIVATE : MAP_SHARED;
-	b->read_only = !e->opts.mmap_private;
-	for (size_t i = 0; i < nf; i++) {
-		const fst_file *f = fst_checkpoint_file(e->ck, i);
-		if (f->fd < 0)
-			return fsti_err(err, FST_EUNSUPPORTED,
-					"%s: io=mmap needs files, not memory images", f->path);
-		int fault = fsti_fault("mmap");
-		void *m = fault ? (errno = fault, MAP_FAILED)
-				: mmap(NULL, f->size, prot, flags, f->fd, 0);
-		if (m == MAP_FAILED)
-			return fsti_err_sys(err, FST_EIO, errno, "%s: mmap failed", f->path);
-		b->maps[i] = m;
-		b->map_lens[i] = f->size;
-	}
-	for (size_t i = 0; i < e->plan.nt; i++) {
-		const struct fsti_plan_tensor *t = &e->plan.t[i];
-		b->t[i].data = (char *)b->maps[t->file] + t->file_off;
-	}
-	return 0;
-}
-
-/* ---- destination memory on the host */
-
-static void release_host(struct fst_buffer *b)
-{
-	if (b->allocator.free)
-		b->allocator.free(b->allocator.ctx, b->base, b->size, b->device_type, b->device_id);
-	else
-		fsti_host_free(b->base, b->map_len);
-}
-
-static int alloc_host(struct fsti_engine *e, fst_error *err)
-{
-	struct fst_buffer *b = e->buf;
-	uint64_t size = e->plan.dst_size;
-	const fst_allocator *a = e->opts.allocator;
-	if (a && a->alloc) {
-		if (!a->free)
-			return fsti_err(err, FST_EUSAGE, "allocator: alloc given without free");
-		void *p = a->alloc(a->ctx, size ? size : 1, e->opts.align, FST_DEVICE_CPU, 0);
-		if (!p)
-			return fsti_err(err, FST_ENOMEM,
-					"allocator: could not allocate %" PRIu64 " bytes", size);
-		b->allocator = *a;
-		b->base = p;
-		b->size = size ? size : 1;
-		b->release_memory = release_host;
-		if ((uintptr_t)p % e->opts.align)
-			return fsti_err(err, FST_EUSAGE,
-					"allocator: returned %p, not aligned to %u bytes", p,
-					e->opts.align);
-		return 0;
-	}
-	int rc = fsti_host_alloc(size, e->opts.pinned, &b->base, &b->map_len, err);
-	if (rc)
-		return rc;
-	b->size = size;
-	b->release_memory = release_host;
 	return 0;
 }
 
@@ -636,9 +288,9 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	pthread_mutex_init(&e->lock, NULL);
 	pthread_cond_init(&e->cond, NULL);
 	e->ck = ck;
-	int rc = check_opts(opts, &e->opts, err);
+	int rc = fsti_load_opts_check(opts, &e->opts, err);
 	if (!rc)
-		rc = parse_device(e->opts.device, &e->device_type, &e->device_id, err);
+		rc = fsti_parse_device(e->opts.device, &e->device_type, &e->device_id, err);
 	if (!rc && e->device_type == FST_DEVICE_CUDA) {
 		/* Fail early and clearly where there is no driver or no such
 		 * device, before any memory is taken. */
@@ -658,7 +310,7 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	 * lands in per-worker slots first. */
 	bool direct = e->device_type == FST_DEVICE_CPU && e->reader && e->reader->exact_reads;
 	if (!rc && !direct && e->opts.io != FST_IO_MMAP) {
-		e->sink = e->device_type == FST_DEVICE_CUDA ? &fsti_sink_cuda : &host_sink;
+		e->sink = e->device_type == FST_DEVICE_CUDA ? &fsti_sink_cuda : &fsti_sink_host;
 		/* Landing slots of every thread fit the staging budget, by
 		 * default the reader's own (io.h). */
 		if (!e->opts.staging_bytes)
@@ -754,11 +406,11 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 	}
 
 	if (e->opts.io == FST_IO_MMAP) {
-		rc = map_files(e, err);
+		rc = fsti_map_files(e, err);
 		if (rc)
 			goto fail;
 		for (size_t i = 0; i < e->plan.nt; i++)
-			push_ready_locked(e, i);
+			fsti_ready_push_locked(e, i);
 		atomic_store(&e->bytes_done, e->plan.total_bytes);
 		*out = (fst_loader *)e;
 		return 0; /* mmap: no device, no context */
@@ -767,7 +419,7 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 	if (e->sink && e->sink->load_init)
 		rc = e->sink->load_init(e, err);
 	else if (!e->buf->base)
-		rc = alloc_host(e, err);
+		rc = fsti_alloc_host(e, err);
 	if (!rc)
 		rc = fsti_gds_register_buffer(e, err);
 	if (rc)
@@ -777,7 +429,7 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 		e->buf->t[i].data = (char *)e->buf->base + t->dst_off;
 		atomic_init(&e->remaining[i], t->nbytes);
 		if (!t->nbytes)
-			push_ready_locked(e, i);
+			fsti_ready_push_locked(e, i);
 	}
 	e->threads = fsti_calloc(e->nthreads + 1, sizeof *e->threads);
 	if (!e->threads) {

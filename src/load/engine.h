@@ -150,6 +150,20 @@ int fsti_gds_read(struct fsti_engine *e, const struct fsti_chunk *c, fst_error *
 bool fsti_gds_wanted(const struct fsti_engine *e, const struct fsti_chunk *c);
 void fsti_gds_teardown(struct fsti_engine *e);
 
+/* ---- the engine's parts (options.c, readiness.c, host_sink.c, views.c) */
+
+/* Check opts (NULL: defaults) into o, with the defaults filled in: the one
+ * check of every entry point. */
+int fsti_load_opts_check(const fst_load_opts *in, fst_load_opts *o, fst_error *err);
+int fsti_parse_device(const char *s, int *type, int *id, fst_error *err);
+/* Tensor t (a plan index) is ready; e->lock held. */
+void fsti_ready_push_locked(struct fsti_engine *e, size_t t);
+/* The destination in host memory: the caller's allocator or libfst's. */
+int fsti_alloc_host(struct fsti_engine *e, fst_error *err);
+extern const struct fsti_sink fsti_sink_host;
+/* io=mmap: the buffer's tensors are views of the mapped files. */
+int fsti_map_files(struct fsti_engine *e, fst_error *err);
+
 /* Called by sinks when chunk c's bytes are in their final place. */
 void fsti_chunk_done(struct fsti_engine *e, const struct fsti_chunk *c);
 /* Show the caller (opts.on_landed) file bytes [a, b) of chunk c, readable

@@ -1,0 +1,133 @@
+/*
+ * host_sink.c - destination memory on the host, and the host sink: chunks
+ * read into landing slots (O_DIRECT) scattered to their tensors.
+ */
+#include "engine.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+static void release_host(struct fst_buffer *b)
+{
+	if (b->allocator.free)
+		b->allocator.free(b->allocator.ctx, b->base, b->size, b->device_type, b->device_id);
+	else
+		fsti_host_free(b->base, b->map_len);
+}
+
+int fsti_alloc_host(struct fsti_engine *e, fst_error *err)
+{
+	struct fst_buffer *b = e->buf;
+	uint64_t size = e->plan.dst_size;
+	const fst_allocator *a = e->opts.allocator;
+	if (a && a->alloc) {
+		if (!a->free)
+			return fsti_err(err, FST_EUSAGE, "allocator: alloc given without free");
+		void *p = a->alloc(a->ctx, size ? size : 1, e->opts.align, FST_DEVICE_CPU, 0);
+		if (!p)
+			return fsti_err(err, FST_ENOMEM,
+					"allocator: could not allocate %" PRIu64 " bytes", size);
+		b->allocator = *a;
+		b->base = p;
+		b->size = size ? size : 1;
+		b->release_memory = release_host;
+		if ((uintptr_t)p % e->opts.align)
+			return fsti_err(err, FST_EUSAGE,
+					"allocator: returned %p, not aligned to %u bytes", p,
+					e->opts.align);
+		return 0;
+	}
+	int rc = fsti_host_alloc(size, e->opts.pinned, &b->base, &b->map_len, err);
+	if (rc)
+		return rc;
+	b->size = size;
+	b->release_memory = release_host;
+	return 0;
+}
+
+struct host_worker {
+	char *slot[FSTI_SLOTS];
+};
+
+static int host_worker_init(struct fsti_engine *e, void **state, fst_error *err)
+{
+	struct host_worker *w = fsti_calloc(1, sizeof *w);
+	if (!w)
+		return fsti_err(err, FST_ENOMEM, "out of memory for landing slots");
+	*state = w;
+	for (int s = 0; s < FSTI_SLOTS; s++)
+		if (!(w->slot[s] = fsti_aligned_alloc(FSTI_DIRECT_ALIGN, (size_t)e->slot_bytes)))
+			return fsti_err(err, FST_ENOMEM, "out of memory for landing slots");
+	return 0;
+}
+
+static int host_slot_buffer(struct fsti_engine *e, void *state, int s, char **buf,
+			    fst_error *err)
+{
+	(void)e;
+	(void)err;
+	*buf = ((struct host_worker *)state)->slot[s];
+	return 0;
+}
+
+struct scatter {
+	char *dst;
+	const char *src;
+};
+
+static int scatter_piece(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len)
+{
+	struct scatter *sc = ctx;
+	memcpy(sc->dst + dst_off, sc->src + at, len);
+	return 0;
+}
+
+static int host_deliver(struct fsti_engine *e, void *state, int s, const struct fsti_chunk *c,
+			const char *where, fst_error *err)
+{
+	(void)state;
+	(void)s;
+	if (e->opts.on_landed) {
+		int rc = fsti_report_landed(e, c, c->file_off, c->file_off + c->len, where,
+					    e->buf->base, err);
+		if (rc)
+			return rc;
+	} else {
+		struct scatter sc = {e->buf->base, where};
+		fsti_chunk_pieces(&e->plan, c, scatter_piece, &sc);
+	}
+	fsti_chunk_done(e, c);
+	return 0;
+}
+
+static int host_drain(struct fsti_engine *e, void *state, fst_error *err)
+{
+	(void)e;
+	(void)state;
+	(void)err;
+	return 0;
+}
+
+static void host_worker_fini(struct fsti_engine *e, void *state)
+{
+	(void)e;
+	struct host_worker *w = state;
+	if (!w)
+		return;
+	for (int s = 0; s < FSTI_SLOTS; s++)
+		fsti_free(w->slot[s]);
+	fsti_free(w);
+}
+
+const struct fsti_sink fsti_sink_host = {
+	.name = "host",
+	.how = "",
+	.load_init = NULL, /* engine.c allocates host memory itself */
+	.load_fini = NULL,
+	.worker_init = host_worker_init,
+	.slot_buffer = host_slot_buffer,
+	.deliver = host_deliver,
+	.drain = host_drain,
+	.worker_fini = host_worker_fini,
+};
+

@@ -1,0 +1,106 @@
+/*
+ * options.c - fst_load_opts: defaults, and the one check every entry point
+ * (fst_load, fst_load_start, fst_load_explain, fst_load_sharded) makes.
+ */
+#include "engine.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DEFAULT_ALIGN 256u
+#define DEFAULT_CHUNK (16ull << 20)
+/* A read and its block fit a core's L2 together: measured best on the H200 host
+ * (docs/design.md, "Integrity"). */
+#define DEFAULT_LANDED_BLOCK (256ull << 10)
+#define MAX_THREADS 64u
+
+void fst_load_opts_init(fst_load_opts *o)
+{
+	memset(o, 0, sizeof *o);
+	o->struct_size = sizeof *o;
+	o->device = "cpu";
+	o->io = FST_IO_AUTO;
+	o->gds = FST_GDS_AUTO;
+}
+
+int fsti_parse_device(const char *s, int *type, int *id, fst_error *err)
+{
+	if (!s || !strcmp(s, "cpu")) {
+		*type = FST_DEVICE_CPU;
+		*id = 0;
+		return 0;
+	}
+	if (!strcmp(s, "cuda")) {
+		*type = FST_DEVICE_CUDA;
+		*id = 0;
+		return 0;
+	}
+	if (!strncmp(s, "cuda:", 5) && s[5]) {
+		char *end;
+		long v = strtol(s + 5, &end, 10);
+		if (!*end && v >= 0 && v < 1024) {
+			*type = FST_DEVICE_CUDA;
+			*id = (int)v;
+			return 0;
+		}
+	}
+	return fsti_err(err, FST_EUSAGE, "device \"%s\": expected cpu, cuda or cuda:N", s);
+}
+
+static unsigned default_threads(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1 : n > 16 ? 16 : (unsigned)n;
+}
+
+int fsti_load_opts_check(const fst_load_opts *in, fst_load_opts *o, fst_error *err)
+{
+	fst_load_opts_init(o);
+	if (in) {
+		if (in->struct_size < sizeof(size_t) || in->struct_size > sizeof *o)
+			return fsti_err(err, FST_EUSAGE,
+					"load options not initialised with fst_load_opts_init");
+		memcpy(o, in, in->struct_size);
+		o->struct_size = sizeof *o;
+	}
+	if (o->io < FST_IO_AUTO || o->io > FST_IO_MMAP)
+		return fsti_err(err, FST_EUSAGE, "unknown io method %d", o->io);
+	if (o->gds < FST_GDS_AUTO || o->gds > FST_GDS_OFF)
+		return fsti_err(err, FST_EUSAGE, "unknown gds policy %d", o->gds);
+	/* FST_GDS from the environment decides where the caller left the
+	 * default (auto): deployments can switch GDS off without code. */
+	const char *env = getenv("FST_GDS");
+	if (o->gds == FST_GDS_AUTO && env && *env) {
+		if (!strcmp(env, "on"))
+			o->gds = FST_GDS_ON;
+		else if (!strcmp(env, "off"))
+			o->gds = FST_GDS_OFF;
+		else if (strcmp(env, "auto"))
+			return fsti_err(err, FST_EUSAGE, "FST_GDS=\"%s\": expected auto, on or off",
+					env);
+	}
+	if (!o->align)
+		o->align = DEFAULT_ALIGN;
+	if (o->align & (o->align - 1))
+		return fsti_err(err, FST_EUSAGE, "align %u is not a power of two", o->align);
+	if (!o->threads)
+		o->threads = default_threads();
+	if (o->threads > MAX_THREADS)
+		return fsti_err(err, FST_EUSAGE, "%u threads: at most %u", o->threads, MAX_THREADS);
+	if (!o->landed_block)
+		o->landed_block = DEFAULT_LANDED_BLOCK;
+	if ((o->landed_block & (o->landed_block - 1)) || o->landed_block < 4096 ||
+	    o->landed_block > (1ull << 30))
+		return fsti_err(err, FST_EUSAGE,
+				"landed_block %" PRIu64 " must be a power of two, 4 KiB to 1 GiB",
+				o->landed_block);
+	if (!o->chunk_bytes)
+		o->chunk_bytes = DEFAULT_CHUNK;
+	if (o->chunk_bytes < 4096 || o->chunk_bytes > (1ull << 30))
+		return fsti_err(err, FST_EUSAGE, "chunk size %" PRIu64 " must be 4 KiB to 1 GiB",
+				o->chunk_bytes);
+	return 0;
+}
+
