@@ -329,17 +329,22 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	if (!rc && pieces)
 		rc = fsti_plan_from_pieces(pieces, npieces, e->opts.align, e->opts.chunk_bytes, direct,
 					   &e->plan, err);
-	else if (!rc && e->gds_files)
-		rc = fsti_plan_build_mixed(ck, e->opts.filter, e->opts.filter_ctx, e->opts.align,
-					   e->opts.chunk_bytes, e->gds_direct, e->opts.chunk_bytes,
-					   0, &e->plan, err);
-	else if (!rc)
-		/* Reported blocks are whole when no chunk splits one. */
-		rc = fsti_plan_build_mixed(
-			ck, e->opts.filter, e->opts.filter_ctx, e->opts.align, e->opts.chunk_bytes,
-			direct || e->opts.io == FST_IO_MMAP ? FSTI_PLAN_ALL_DIRECT : NULL,
-			e->opts.chunk_bytes, e->opts.on_landed ? e->opts.landed_block : 0, &e->plan,
-			err);
+	else if (!rc) {
+		struct fsti_plan_request r = {
+			.ck = ck, .filter = e->opts.filter, .filter_ctx = e->opts.filter_ctx,
+			.align = e->opts.align, .chunk_bytes = e->opts.chunk_bytes,
+		};
+		if (e->gds_files) {
+			r.mode = FSTI_PLAN_PER_FILE;
+			r.direct_files = e->gds_direct;
+		} else {
+			r.mode = direct || e->opts.io == FST_IO_MMAP ? FSTI_PLAN_DIRECT
+								     : FSTI_PLAN_SLOTS;
+			/* reported blocks are whole when no chunk splits one */
+			r.grain = e->opts.on_landed ? e->opts.landed_block : 0;
+		}
+		rc = fsti_plan_make(&r, &e->plan, err);
+	}
 	/* no more threads than chunks */
 	e->nthreads = FSTI_MIN(e->opts.threads, (unsigned)FSTI_MIN(e->plan.nc, (size_t)UINT_MAX));
 	if (!rc)

@@ -15,15 +15,18 @@
 
 #include <string.h>
 
-/* The marker for "every file direct" (plain plans). */
-const bool fsti_plan_all_direct = true;
-#define PLAN_ALL_DIRECT FSTI_PLAN_ALL_DIRECT
+/* How the extents of a plan are read: the mode, and the files of a
+ * per-file choice. */
+struct read_mode {
+	enum fsti_plan_mode mode;
+	const bool *direct_files;
+};
 
-static bool is_direct(const bool *direct_files, uint32_t file)
+static bool is_direct(const struct read_mode *m, uint32_t file)
 {
-	if (direct_files == PLAN_ALL_DIRECT)
+	if (m->mode == FSTI_PLAN_DIRECT)
 		return true;
-	return direct_files && direct_files[file];
+	return m->mode == FSTI_PLAN_PER_FILE && m->direct_files[file];
 }
 
 void fsti_plan_free(struct fsti_plan *p)
@@ -114,23 +117,29 @@ int fsti_plan_build(const fst_checkpoint *ck, fsti_filter_fn filter, void *filte
 		    uint32_t align, uint64_t chunk_bytes, bool direct, struct fsti_plan *out,
 		    fst_error *err)
 {
-	return fsti_plan_build_mixed(ck, filter, filter_ctx, align, chunk_bytes,
-				     direct ? PLAN_ALL_DIRECT : NULL, chunk_bytes, 0, out, err);
+	struct fsti_plan_request r = {
+		.ck = ck, .filter = filter, .filter_ctx = filter_ctx, .align = align,
+		.chunk_bytes = chunk_bytes, .mode = direct ? FSTI_PLAN_DIRECT : FSTI_PLAN_SLOTS,
+	};
+	return fsti_plan_make(&r, out, err);
 }
 
-static int cut_chunks(struct fsti_plan *out, uint64_t chunk_bytes, const bool *direct_files,
+static int cut_chunks(struct fsti_plan *out, uint64_t chunk_bytes, const struct read_mode *m,
 		      uint64_t direct_chunk_bytes, uint64_t grain, fst_error *err);
 
-int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
-			  uint32_t align, uint64_t chunk_bytes, const bool *direct_files,
-			  uint64_t direct_chunk_bytes, uint64_t grain, struct fsti_plan *out,
-			  fst_error *err)
+int fsti_plan_make(const struct fsti_plan_request *r, struct fsti_plan *out, fst_error *err)
 {
+	const fst_checkpoint *ck = r->ck;
+	uint32_t align = r->align;
+	uint64_t direct_chunk_bytes = r->direct_chunk_bytes ? r->direct_chunk_bytes
+							    : r->chunk_bytes;
 	memset(out, 0, sizeof *out);
 	if (!align || (align & (align - 1)))
 		return fsti_err(err, FST_EUSAGE, "align %u must be a power of two", align);
-	if (!chunk_bytes || !direct_chunk_bytes)
+	if (!r->chunk_bytes)
 		return fsti_err(err, FST_EUSAGE, "chunk size must be positive");
+	if (r->mode == FSTI_PLAN_PER_FILE && !r->direct_files)
+		return fsti_err(err, FST_EUSAGE, "internal: a per-file plan without its files");
 	size_t n = fst_checkpoint_tensor_count(ck);
 	out->align = align;
 	out->t = fsti_calloc(n, sizeof *out->t);
@@ -141,7 +150,7 @@ int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void 
 		fst_tensor_info info;
 		size_t file;
 		fst_checkpoint_tensor(ck, i, &info, &file);
-		if (filter && !filter(filter_ctx, info.name))
+		if (r->filter && !r->filter(r->filter_ctx, info.name))
 			continue;
 		struct fsti_plan_tensor *t = &out->t[out->nt++];
 		t->file = (uint32_t)file;
@@ -154,11 +163,12 @@ int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void 
 		out->total_bytes += info.nbytes;
 	}
 	out->dst_size = cursor;
-	return cut_chunks(out, chunk_bytes, direct_files, direct_chunk_bytes, grain, err);
+	struct read_mode m = {r->mode, r->direct_files};
+	return cut_chunks(out, r->chunk_bytes, &m, direct_chunk_bytes, r->grain, err);
 }
 
 /* Extents and chunks of the pieces in out->t (in file order). */
-static int cut_chunks(struct fsti_plan *out, uint64_t chunk_bytes, const bool *direct_files,
+static int cut_chunks(struct fsti_plan *out, uint64_t chunk_bytes, const struct read_mode *m,
 		      uint64_t direct_chunk_bytes, uint64_t grain, fst_error *err)
 {
 	size_t cap = 0;
@@ -174,7 +184,7 @@ static int cut_chunks(struct fsti_plan *out, uint64_t chunk_bytes, const bool *d
 			while (!out->t[pi].nbytes)
 				pi--;
 			const struct fsti_plan_tensor *prev = &out->t[pi];
-			bool direct = is_direct(direct_files, prev->file);
+			bool direct = is_direct(m, prev->file);
 			bool contiguous = prev->file == t->file &&
 					  prev->file_off + prev->nbytes == t->file_off &&
 					  (!direct || prev->dst_off + prev->nbytes == t->dst_off);
@@ -190,7 +200,7 @@ static int cut_chunks(struct fsti_plan *out, uint64_t chunk_bytes, const bool *d
 		size_t last = out->nt - 1;
 		while (!out->t[last].nbytes)
 			last--;
-		bool direct = is_direct(direct_files, out->t[last].file);
+		bool direct = is_direct(m, out->t[last].file);
 		if (emit_extent(out, &cap, first, last, direct ? direct_chunk_bytes : chunk_bytes,
 				direct, grain))
 			goto nomem;
@@ -222,5 +232,6 @@ int fsti_plan_from_pieces(const struct fsti_plan_tensor *pieces, size_t n, uint3
 		out->total_bytes += pieces[i].nbytes;
 		out->dst_size = FSTI_MAX(out->dst_size, pieces[i].dst_off + pieces[i].nbytes);
 	}
-	return cut_chunks(out, chunk_bytes, direct ? PLAN_ALL_DIRECT : NULL, chunk_bytes, 0, err);
+	struct read_mode m = {direct ? FSTI_PLAN_DIRECT : FSTI_PLAN_SLOTS, NULL};
+	return cut_chunks(out, chunk_bytes, &m, chunk_bytes, 0, err);
 }

@@ -40,26 +40,39 @@ struct fsti_plan {
 
 typedef int (*fsti_filter_fn)(void *ctx, const char *name);
 
-/*
- * direct: extents must be contiguous in the destination too (for readers
- * that write straight into it); otherwise only in the file, and chunks are
- * cut at multiples of chunk_bytes in file offsets (friendly to O_DIRECT).
- */
+/* How a plan's extents are read: into landing slots (chunks cut at
+ * multiples of chunk_bytes in file offsets, friendly to O_DIRECT; bytes
+ * scattered tensor by tensor), straight into the destination (extents
+ * contiguous in the destination too), or chosen per file. */
+enum fsti_plan_mode {
+	FSTI_PLAN_SLOTS,
+	FSTI_PLAN_DIRECT,
+	FSTI_PLAN_PER_FILE,
+};
+
+struct fsti_plan_request {
+	const fst_checkpoint *ck;
+	fsti_filter_fn filter; /* NULL: every tensor */
+	void *filter_ctx;
+	uint32_t align;        /* of each tensor in the destination, a power of two */
+	uint64_t chunk_bytes;  /* the largest read */
+	enum fsti_plan_mode mode;
+	/* FSTI_PLAN_PER_FILE: files whose entry is true get direct extents
+	 * (GPUDirect reads land straight at their tensors), the others slots */
+	const bool *direct_files;
+	/* the largest direct read (0: chunk_bytes) */
+	uint64_t direct_chunk_bytes;
+	/* nonzero: each cut of a direct extent that falls inside a tensor moves
+	 * back to a multiple of grain counted from that tensor's first byte (for
+	 * on_landed blocks) */
+	uint64_t grain;
+};
+
+int fsti_plan_make(const struct fsti_plan_request *r, struct fsti_plan *out, fst_error *err);
+/* The common case: every tensor that filter keeps, all slots or all direct. */
 int fsti_plan_build(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
 		    uint32_t align, uint64_t chunk_bytes, bool direct, struct fsti_plan *out,
 		    fst_error *err);
-/* The same with a choice per file: files whose direct_files entry is true
- * (every file for FSTI_PLAN_ALL_DIRECT) get direct extents cut into
- * direct_chunk_bytes (GPUDirect reads land straight at their tensors); the
- * others are planned for landing slots. A nonzero grain moves each cut of a
- * direct extent that falls inside a tensor back to a multiple of grain
- * counted from that tensor's first byte (for on_landed blocks). */
-extern const bool fsti_plan_all_direct;
-#define FSTI_PLAN_ALL_DIRECT (&fsti_plan_all_direct)
-int fsti_plan_build_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
-			  uint32_t align, uint64_t chunk_bytes, const bool *direct_files,
-			  uint64_t direct_chunk_bytes, uint64_t grain, struct fsti_plan *out,
-			  fst_error *err);
 
 /* Move a cut at file offset stop (past off, inside the tensors *k..last of
  * one extent) back to the last multiple of grain counted from the first

@@ -10,7 +10,7 @@
  * chunk_bytes, never cross a multiple of chunk_bytes in slot plans, and are
  * destination-contiguous in direct plans; extents are maximal (no needless
  * cut); fsti_chunk_pieces tiles each chunk; two builds are identical. Also
- * fsti_plan_build_mixed (direct or slot reads chosen per file, each with
+ * fsti_plan_make (direct or slot reads chosen per file, each with
  * its own chunk size) against the same properties, and the plain build as
  * its all-or-nothing case. Also the argument checks and out-of-memory
  * cleanup. Replay a failure with FST_TEST_SEED. */
@@ -23,6 +23,28 @@
 #else
 #define DEFAULT_ITERATIONS 200
 #endif
+
+
+/* A request as the engine makes them: direct_files NULL for slots,
+ * ALL_DIRECT for every file direct, else a choice per file. */
+static const bool all_direct_marker = true;
+#define ALL_DIRECT (&all_direct_marker)
+
+static int plan_mixed(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
+		      uint32_t align, uint64_t chunk, const bool *direct_files,
+		      uint64_t direct_chunk, uint64_t grain, struct fsti_plan *out, fst_error *err)
+{
+	struct fsti_plan_request r = {
+		.ck = ck, .filter = filter, .filter_ctx = filter_ctx, .align = align,
+		.chunk_bytes = chunk, .direct_files = direct_files,
+		.direct_chunk_bytes = direct_chunk, .grain = grain,
+		.mode = !direct_files ? FSTI_PLAN_SLOTS
+			: direct_files == ALL_DIRECT ? FSTI_PLAN_DIRECT : FSTI_PLAN_PER_FILE,
+	};
+	if (r.mode == FSTI_PLAN_DIRECT)
+		r.direct_files = NULL;
+	return fsti_plan_make(&r, out, err);
+}
 
 static unsigned iterations(void)
 {
@@ -303,7 +325,7 @@ static void test_random_plans(void **state)
 				chunk = 1 + lh_below(&r, 50000); /* any size, not only powers of two */
 			uint64_t dchunk = chunk;
 			/* 0: fsti_plan_build for slots, 1: for direct reads,
-			 * 2: fsti_plan_build_mixed with a choice per file */
+			 * 2: fsti_plan_make with a choice per file */
 			int mode = (int)lh_below(&r, 3);
 			bool direct_files[16];
 			for (size_t f = 0; f < 16; f++)
@@ -325,11 +347,11 @@ static void test_random_plans(void **state)
 			/* direct extents may be cut at blocks of each tensor */
 			static const uint64_t grains[] = {0, 0, 512, 4096, 65536};
 			uint64_t grain = mode ? grains[lh_below(&r, 5)] : 0;
-			int rc = mode == 2 ? fsti_plan_build_mixed(ck, filter, &flt, align, chunk,
+			int rc = mode == 2 ? plan_mixed(ck, filter, &flt, align, chunk,
 								   direct_files, dchunk, grain, &p,
 								   &err)
-				 : grain   ? fsti_plan_build_mixed(ck, filter, &flt, align, chunk,
-								   FSTI_PLAN_ALL_DIRECT, chunk, grain,
+				 : grain   ? plan_mixed(ck, filter, &flt, align, chunk,
+								   ALL_DIRECT, chunk, grain,
 								   &p, &err)
 					   : fsti_plan_build(ck, filter, &flt, align, chunk, mode == 1,
 							     &p, &err);
@@ -342,10 +364,10 @@ static void test_random_plans(void **state)
 			/* deterministic; and the plain build is the mixed one with
 			 * every file (or none) direct */
 			if (mode == 2)
-				rc = fsti_plan_build_mixed(ck, filter, &flt, align, chunk, direct_files,
+				rc = plan_mixed(ck, filter, &flt, align, chunk, direct_files,
 							   dchunk, grain, &q, &err);
 			else
-				rc = fsti_plan_build_mixed(ck, filter, &flt, align, chunk,
+				rc = plan_mixed(ck, filter, &flt, align, chunk,
 							   mode == 1 ? direct_files : NULL, chunk, grain,
 							   &q, &err);
 			assert_int_equal(rc, 0);
@@ -538,10 +560,21 @@ static void test_bad_arguments(void **state)
 	assert_int_equal(fsti_plan_build(ck, NULL, NULL, 8, 0, true, &p, &err), FST_EUSAGE);
 	lh_assert_has(err.message, "chunk");
 	bool direct_files[1] = {true};
-	assert_int_equal(fsti_plan_build_mixed(ck, NULL, NULL, 8, 4096, direct_files, 0, 0, &p, &err),
-			 FST_EUSAGE);
-	lh_assert_has(err.message, "chunk");
-	assert_int_equal(fsti_plan_build_mixed(ck, NULL, NULL, 8, 0, direct_files, 4096, 0, &p, &err),
+	/* a per-file plan needs its files */
+	struct fsti_plan_request req = {.ck = ck, .align = 8, .chunk_bytes = 4096,
+					.mode = FSTI_PLAN_PER_FILE};
+	assert_int_equal(fsti_plan_make(&req, &p, &err), FST_EUSAGE);
+	lh_assert_has(err.message, "per-file");
+	/* direct_chunk_bytes 0 is chunk_bytes */
+	struct fsti_plan q;
+	assert_int_equal(plan_mixed(ck, NULL, NULL, 8, 4096, direct_files, 0, 0, &p, &err), 0);
+	assert_int_equal(plan_mixed(ck, NULL, NULL, 8, 4096, direct_files, 4096, 0, &q, &err), 0);
+	assert_int_equal(p.nc, q.nc);
+	for (size_t i = 0; i < p.nc; i++)
+		assert_int_equal(p.c[i].len, q.c[i].len);
+	fsti_plan_free(&p);
+	fsti_plan_free(&q);
+	assert_int_equal(plan_mixed(ck, NULL, NULL, 8, 0, direct_files, 4096, 0, &p, &err),
 			 FST_EUSAGE);
 	assert_int_equal(fsti_live_allocations(), base);
 	fst_checkpoint_close(ck);
