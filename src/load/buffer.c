@@ -5,6 +5,8 @@
  */
 #include "engine.h"
 
+#include <inttypes.h>
+
 #include <string.h>
 
 static const char *btensor_name(const void *ctx, size_t i)
@@ -135,3 +137,29 @@ uint64_t fst_buffer_size(const fst_buffer *b) { return b->size; }
 int fst_buffer_read_only(const fst_buffer *b) { return b->read_only; }
 uint64_t fst_buffer_tensor_bytes(const fst_buffer *b) { return b->tensor_bytes; }
 const char *fst_buffer_describe(const fst_buffer *b) { return b->describe; }
+
+int fsti_buffer_from_allocator(struct fst_buffer *b, const fst_allocator *a, uint64_t size,
+			       uint32_t align, void (*release)(struct fst_buffer *b),
+			       fst_error *err)
+{
+	if (!a->free)
+		return fsti_err(err, FST_EUSAGE, "allocator: alloc given without free");
+	size = size ? size : 1;
+	void *p = a->alloc(a->ctx, size, align, b->device_type, b->device_id);
+	if (!p) {
+		if (b->device_type == FST_DEVICE_CUDA)
+			return fsti_err(err, FST_EDEVICE,
+					"allocator: could not allocate %" PRIu64 " bytes on cuda:%d",
+					size, b->device_id);
+		return fsti_err(err, FST_ENOMEM, "allocator: could not allocate %" PRIu64 " bytes",
+				size);
+	}
+	b->allocator = *a;
+	b->base = p;
+	b->size = size;
+	b->release_memory = release;
+	if ((uintptr_t)p % align)
+		return fsti_err(err, FST_EUSAGE, "allocator: returned %p, not aligned to %u bytes", p,
+				align);
+	return 0;
+}

@@ -143,21 +143,10 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 	if (b->base) {
 		/* given */
 	} else if (a && a->alloc) {
-		if (!a->free)
-			return fsti_err(err, FST_EUSAGE, "allocator: alloc given without free");
-		void *p = a->alloc(a->ctx, size, e->opts.align, FST_DEVICE_CUDA, b->device_id);
-		if (!p)
-			return fsti_err(err, FST_EDEVICE,
-					"allocator: could not allocate %" PRIu64 " bytes on cuda:%d",
-					size, b->device_id);
-		b->allocator = *a;
-		b->base = p;
-		b->size = size;
-		b->release_memory = fsti_cuda_release_device_buffer;
-		if ((uintptr_t)p % e->opts.align)
-			return fsti_err(err, FST_EUSAGE,
-					"allocator: returned %p, not aligned to %u bytes", p,
-					e->opts.align);
+		rc = fsti_buffer_from_allocator(b, a, size, e->opts.align,
+						fsti_cuda_release_device_buffer, err);
+		if (rc)
+			return rc;
 	} else {
 		CUdeviceptr p = 0;
 		CUresult r = fsti_fault("device_alloc") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY

@@ -55,6 +55,13 @@ struct fst_buffer {
 /* A buffer whose table mirrors the plan's tensors (data pointers unset). */
 int fsti_buffer_new(const fst_checkpoint *ck, const struct fsti_plan *plan,
 		    struct fst_buffer **out, fst_error *err);
+/* The destination from the caller's allocator a (a->alloc set): size
+ * bytes (at least 1) aligned to align on the buffer's device (b->device_type
+ * and device_id set), given back by release, which calls a->free. The one
+ * path for caller memory on every device. */
+int fsti_buffer_from_allocator(struct fst_buffer *b, const fst_allocator *a, uint64_t size,
+			       uint32_t align, void (*release)(struct fst_buffer *b),
+			       fst_error *err);
 /* Frees the table; calls release_memory. */
 void fsti_buffer_destroy(struct fst_buffer *b);
 

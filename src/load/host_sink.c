@@ -21,21 +21,7 @@ int fsti_alloc_host(struct fsti_engine *e, fst_error *err)
 	uint64_t size = e->plan.dst_size;
 	const fst_allocator *a = e->opts.allocator;
 	if (a && a->alloc) {
-		if (!a->free)
-			return fsti_err(err, FST_EUSAGE, "allocator: alloc given without free");
-		void *p = a->alloc(a->ctx, size ? size : 1, e->opts.align, FST_DEVICE_CPU, 0);
-		if (!p)
-			return fsti_err(err, FST_ENOMEM,
-					"allocator: could not allocate %" PRIu64 " bytes", size);
-		b->allocator = *a;
-		b->base = p;
-		b->size = size ? size : 1;
-		b->release_memory = release_host;
-		if ((uintptr_t)p % e->opts.align)
-			return fsti_err(err, FST_EUSAGE,
-					"allocator: returned %p, not aligned to %u bytes", p,
-					e->opts.align);
-		return 0;
+		return fsti_buffer_from_allocator(b, a, size, e->opts.align, release_host, err);
 	}
 	int rc = fsti_host_alloc(size, e->opts.pinned, &b->base, &b->map_len, err);
 	if (rc)
