@@ -412,11 +412,6 @@ static void cuda_opts(fst_load_opts *o, const char *device, int io, unsigned thr
 
 static bool uring_ok = true;
 
-static const char *io_name(int io)
-{
-	return io == FST_IO_URING ? "uring" : "pread";
-}
-
 /* ---- the checkpoints most tests share */
 
 static const gen big_gen = {3, 40, 600000, 10};
@@ -518,9 +513,9 @@ static void test_load_matrix(void **state)
 					int rc = fst_load(c.ck, &o, &buf, &err);
 					if (rc)
 						fail_msg("%s %s %u threads %" PRIu64 " MiB: %s", device,
-							 io_name(ios[k]), th, staging[s] >> 20,
+							 lh_io_name(ios[k]), th, staging[s] >> 20,
 							 err.message);
-					lh_assert_has(fst_buffer_describe(buf), "pinned staging");
+					assert_has(fst_buffer_describe(buf), "pinned staging");
 					assert_true(fst_buffer_size(buf) >=
 						    fst_checkpoint_total_bytes(c.ck));
 					assert_int_equal(fst_buffer_tensor_bytes(buf),
@@ -709,10 +704,10 @@ static void test_device_out_of_range(void **state)
 	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EUSAGE);
 	assert_null(buf);
 	assert_int_equal(err.code, FST_EUSAGE);
-	lh_assert_has(err.message, "device 5 out of range (2 devices)");
+	assert_has(err.message, "device 5 out of range (2 devices)");
 	char text[256];
 	assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), FST_EUSAGE);
-	lh_assert_has(err.message, "device 5 out of range (2 devices)");
+	assert_has(err.message, "device 5 out of range (2 devices)");
 	fst_loader *ld = NULL;
 	assert_int_equal(fst_load_start(c.ck, &o, &ld, &err), FST_EUSAGE);
 	assert_null(ld);
@@ -720,7 +715,7 @@ static void test_device_out_of_range(void **state)
 	setenv("FST_DOUBLE_DEVICES", "1", 1);
 	o.device = "cuda:1";
 	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EUSAGE);
-	lh_assert_has(err.message, "device 1 out of range (1 device)");
+	assert_has(err.message, "device 1 out of range (1 device)");
 	unsetenv("FST_DOUBLE_DEVICES");
 	o.device = "cuda:x";
 	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EUSAGE);
@@ -782,9 +777,9 @@ static void test_device_out_of_memory(void **state)
 		assert_null(buf);
 		assert_int_equal(err.code, FST_EDEVICE);
 		assert_int_equal(err.backend_code, 2); /* CUDA_ERROR_OUT_OF_MEMORY */
-		lh_assert_has(err.message, "cuda:1");
-		lh_assert_has(err.message, bytes);
-		lh_assert_has(err.message, "out of memory");
+		assert_has(err.message, "cuda:1");
+		assert_has(err.message, bytes);
+		assert_has(err.message, "out of memory");
 		assert_clean("after running out of device memory", c.host_base);
 		fst_loader *ld = NULL;
 		assert_int_equal(fst_load_start(c.ck, &o, &ld, &err), FST_EDEVICE);
@@ -893,7 +888,7 @@ static void run_faults(bool stream)
 	cuda_opts(&o, "cuda:0", FST_IO_PREAD, 4, 1 * MiB);
 	fst_buffer *buf = NULL;
 	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EDEVICE);
-	lh_assert_has(err.message, "cuda:0");
+	assert_has(err.message, "cuda:0");
 	assert_null(buf);
 	fst_fault_set(NULL, NULL);
 	assert_clean("after h2d:1+", c.host_base);
@@ -1140,7 +1135,7 @@ static void test_driver_queries(void **state)
 	}
 	fst_cuda_device info;
 	assert_int_equal(fst_cuda_device_info(2, &info, &err), FST_EUSAGE);
-	lh_assert_has(err.message, "device 2 out of range (2 devices)");
+	assert_has(err.message, "device 2 out of range (2 devices)");
 	assert_int_equal(fst_cuda_device_info(0, NULL, &err), FST_EUSAGE);
 
 	set_delay("20");
@@ -1169,14 +1164,14 @@ static void test_explain(void **state)
 	fst_load_opts o;
 	cuda_opts(&o, "cuda:1", FST_IO_PREAD, 2, 1 * MiB);
 	assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), 0);
-	lh_assert_has(text, "pread");
-	lh_assert_has(text, "pinned staging");
-	lh_assert_has(text, "2 threads");
+	assert_has(text, "pread");
+	assert_has(text, "pinned staging");
+	assert_has(text, "2 threads");
 	if (uring_ok) {
 		o.io = FST_IO_URING;
 		assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), 0);
-		lh_assert_has(text, "uring");
-		lh_assert_has(text, "pinned staging");
+		assert_has(text, "uring");
+		assert_has(text, "pinned staging");
 	}
 	o.device = "cpu";
 	o.io = FST_IO_PREAD;
@@ -1314,7 +1309,7 @@ static void test_landed(void **state)
 		char ctx[160];
 		snprintf(ctx, sizeof ctx,
 			 "%s %s %u threads, %" PRIu64 " MiB staging, landed_block %" PRIu64 "%s",
-			 o.device, io_name(io), o.threads, staging[s] >> 20, blocks[b],
+			 o.device, lh_io_name(io), o.threads, staging[s] >> 20, blocks[b],
 			 stream ? ", streaming" : "");
 		landed_load(&c, &o, s, &l, stream, ctx);
 		lh_landed_free(&l);
@@ -1383,7 +1378,7 @@ static void test_landed_error(void **state)
 		lh_landed_init(&l, c.ck, c.bytes, NULL, o.landed_block, false);
 		o.on_landed = lh_on_landed;
 		o.on_landed_ctx = &l;
-		landed_load(&c, &o, 0, &l, false, io_name(io));
+		landed_load(&c, &o, 0, &l, false, lh_io_name(io));
 		unsigned long calls = l.calls;
 		lh_landed_free(&l);
 		assert_clean("a counting load", c.host_base);
@@ -1393,7 +1388,7 @@ static void test_landed_error(void **state)
 			bool stream = (k / 3 + k % 3) % 2;
 			char ctx[160];
 			snprintf(ctx, sizeof ctx, "%s: on_landed returns %d at call %lu of %lu%s",
-				 io_name(io), codes[k / 3], ats[k % 3], calls,
+				 lh_io_name(io), codes[k / 3], ats[k % 3], calls,
 				 stream ? ", streaming" : "");
 			landed_fail(&c, &o, ats[k % 3], codes[k / 3], stream, ctx);
 		}
@@ -1401,7 +1396,7 @@ static void test_landed_error(void **state)
 		fst_buffer *buf = NULL;
 		fst_error err;
 		if (fst_load(c.ck, &o, &buf, &err))
-			fail_msg("%s after the failures: %s", io_name(io), err.message);
+			fail_msg("%s after the failures: %s", lh_io_name(io), err.message);
 		assert_buffer(&c, buf, 0);
 		fst_buffer_release(buf);
 		assert_clean("after the failures", c.host_base);
@@ -1423,26 +1418,11 @@ static int setup(void **state)
 	}
 	*(void **)&live_device = dsym("fst_double_live_device");
 	*(void **)&live_host = dsym("fst_double_live_host");
-	/* Does this kernel allow io_uring? Ask a small CPU load. */
-	ckpt c;
-	write_random("probe", 1, &small_gen, &c);
-	ckpt_open(&c, c.dir);
-	fst_load_opts o;
-	fst_load_opts_init(&o);
-	o.io = FST_IO_URING;
-	o.threads = 1;
-	fst_buffer *buf = NULL;
-	fst_error err;
-	int rc = fst_load(c.ck, &o, &buf, &err);
-	if (rc == FST_EUNSUPPORTED) {
-		uring_ok = false;
-		fprintf(stderr, "io_uring unavailable (%s): uring cases skipped\n", err.message);
-	} else if (rc) {
-		fprintf(stderr, "probe load failed: %s\n", err.message);
+	/* Does this kernel allow io_uring? */
+	int u = lh_uring_probe();
+	if (u < 0)
 		return -1;
-	}
-	fst_buffer_release(buf);
-	ckpt_close(&c);
+	uring_ok = u > 0;
 	return 0;
 }
 

@@ -24,23 +24,6 @@
 #include <pthread.h>
 #include <time.h>
 
-static const char *io_name(int io)
-{
-	switch (io) {
-	case FST_IO_PREAD: return "pread";
-	case FST_IO_URING: return "uring";
-	case FST_IO_MMAP: return "mmap";
-	default: return "auto";
-	}
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Check one view against checkpoint tensor `entry`. */
 static void check_view(const fst_checkpoint *ck, const lh_files *fs, size_t entry,
 		       const fst_tensor_view *v, uint32_t align, bool mapped, const char *ctx)
@@ -119,10 +102,10 @@ static void check_buffer(const fst_checkpoint *ck, const lh_files *fs, fst_buffe
 	assert_non_null(why);
 	assert_true(strlen(why) > 10);
 	switch (o->io) {
-	case FST_IO_PREAD: lh_assert_has(why, "pread, "); break;
-	case FST_IO_URING: lh_assert_has(why, "uring, "); break;
-	case FST_IO_MMAP: lh_assert_has(why, "mmap"); break;
-	default: lh_assert_has(why, "auto: "); break;
+	case FST_IO_PREAD: assert_has(why, "pread, "); break;
+	case FST_IO_URING: assert_has(why, "uring, "); break;
+	case FST_IO_MMAP: assert_has(why, "mmap"); break;
+	default: assert_has(why, "auto: "); break;
 	}
 }
 
@@ -237,7 +220,7 @@ static void test_random_loads(void **state)
 			snprintf(ctx, sizeof ctx,
 				 "seed %" PRIu64 " io=%s threads=%u chunk=%" PRIu64
 				 " align=%u staging=%" PRIu64 " pinned=%d filter=%u%% %s",
-				 seed, io_name(o.io), o.threads, o.chunk_bytes, o.align,
+				 seed, lh_io_name(o.io), o.threads, o.chunk_bytes, o.align,
 				 o.staging_bytes, o.pinned, filtered ? flt.percent : 100,
 				 stream ? "streaming" : "fst_load");
 			fst_buffer *buf = NULL;
@@ -279,7 +262,7 @@ static void test_every_io_and_threads(void **state)
 			o.chunk_bytes = 4096 * t;
 			o.align = 1u << (2 * t);
 			char ctx[100];
-			snprintf(ctx, sizeof ctx, "io=%s threads=%u", io_name(o.io), t);
+			snprintf(ctx, sizeof ctx, "io=%s threads=%u", lh_io_name(o.io), t);
 			fst_buffer *buf;
 			fst_error err;
 			if (fst_load(ck, &o, &buf, &err))
@@ -311,7 +294,7 @@ static void test_views_outlive_buffer_and_checkpoint(void **state)
 		fst_buffer *buf;
 		fst_error err;
 		if (fst_load(ck, &o, &buf, &err))
-			fail_msg("%s: %s", io_name(o.io), err.message);
+			fail_msg("%s: %s", lh_io_name(o.io), err.message);
 		size_t n = fst_buffer_tensor_count(buf);
 		assert_int_equal(n, fst_checkpoint_tensor_count(ck));
 		fst_tensor_view *v = calloc(n + 1, sizeof *v);
@@ -402,20 +385,20 @@ static void test_cancel_mid_load(void **state)
 		assert_int_equal(fst_load_start(ck, &o, &ld, &err), 0);
 		fst_tensor_view v;
 		assert_int_equal(fst_loader_next(ld, &v, &err), 1);
-		check_view(ck, &fs, v.index, &v, 256, o.io == FST_IO_MMAP, io_name(o.io));
+		check_view(ck, &fs, v.index, &v, 256, o.io == FST_IO_MMAP, lh_io_name(o.io));
 		fst_loader_cancel(ld);
 		fst_loader_cancel(ld); /* twice is fine */
 		fst_tensor_view v2;
 		assert_int_equal(fst_loader_next(ld, &v2, &err), FST_ECANCELED);
 		assert_int_equal(err.code, FST_ECANCELED);
-		lh_assert_has(err.message, "cancel");
+		assert_has(err.message, "cancel");
 		fst_buffer *buf = (fst_buffer *)&v2; /* must be overwritten */
 		assert_int_equal(fst_loader_finish(ld, &buf, &err), FST_ECANCELED);
 		assert_null(buf);
 		assert_int_equal(err.code, FST_ECANCELED);
-		lh_assert_has(err.message, "cancel");
+		assert_has(err.message, "cancel");
 		/* the view handed out before the cancel still holds its bytes */
-		check_view(ck, &fs, v.index, &v, 256, o.io == FST_IO_MMAP, io_name(o.io));
+		check_view(ck, &fs, v.index, &v, 256, o.io == FST_IO_MMAP, lh_io_name(o.io));
 		fst_view_release(&v);
 		assert_int_equal(fsti_live_allocations(), allocs);
 		assert_int_equal(lh_count_fds(), fds);
@@ -558,10 +541,10 @@ static void test_progress(void **state)
 		o.progress_ctx = l;
 		fst_buffer *buf;
 		fst_error err;
-		double t0 = now_s();
+		double t0 = test_now_s();
 		if (fst_load(ck, &o, &buf, &err))
-			fail_msg("%s: %s", io_name(o.io), err.message);
-		double dt = now_s() - t0;
+			fail_msg("%s: %s", lh_io_name(o.io), err.message);
+		double dt = test_now_s() - t0;
 		assert_true(l->n >= 1);
 		assert_false(l->non_monotonic);
 		for (size_t i = 0; i < l->n; i++) {
@@ -576,7 +559,7 @@ static void test_progress(void **state)
 			char detail[200];
 			snprintf(detail, sizeof detail,
 				 "io=%s: %zu progress calls in %.3f s: more than one per 100 ms",
-				 io_name(o.io), l->n, dt);
+				 lh_io_name(o.io), l->n, dt);
 			lh_known_bug("engine.c wait_workers progress rate", detail);
 		}
 		fst_buffer_release(buf);
@@ -673,7 +656,7 @@ static void test_allocator(void **state)
 			fst_buffer *buf;
 			fst_error err;
 			if (fst_load(ck, &o, &buf, &err))
-				fail_msg("io=%s: %s", io_name(o.io), err.message);
+				fail_msg("io=%s: %s", lh_io_name(o.io), err.message);
 			assert_int_equal(l.allocs, 1);
 			assert_int_equal(l.size, want);
 			assert_int_equal(l.align, align);
@@ -716,7 +699,7 @@ static void test_allocator(void **state)
 	assert_int_equal(fst_load(ck, &o, &buf, &err), FST_ENOMEM);
 	assert_null(buf);
 	assert_int_equal(err.code, FST_ENOMEM);
-	lh_assert_has(err.message, "allocator");
+	assert_has(err.message, "allocator");
 	assert_int_equal(l.allocs, 1);
 	assert_int_equal(l.frees, 0);
 	assert_int_equal(fsti_live_allocations(), allocs);
@@ -727,7 +710,7 @@ static void test_allocator(void **state)
 	o.align = 64;
 	assert_int_equal(fst_load(ck, &o, &buf, &err), FST_EUSAGE);
 	assert_null(buf);
-	lh_assert_has(err.message, "aligned");
+	assert_has(err.message, "aligned");
 	assert_int_equal(l.allocs, 1);
 	assert_int_equal(l.frees, 1);
 	assert_ptr_equal(l.freed, l.ptr);
@@ -738,7 +721,7 @@ static void test_allocator(void **state)
 	memset(&l, 0, sizeof l);
 	o.allocator = &half;
 	assert_int_equal(fst_load(ck, &o, &buf, &err), FST_EUSAGE);
-	lh_assert_has(err.message, "free");
+	assert_has(err.message, "free");
 	assert_int_equal(l.allocs, 0);
 	assert_int_equal(fsti_live_allocations(), allocs);
 
@@ -759,7 +742,7 @@ static void expect_usage(const fst_checkpoint *ck, const fst_load_opts *o, int c
 		fail_msg("expected %d (%s), got %d: %s", code, needle, rc, err.message);
 	assert_int_equal(err.code, code);
 	assert_null(buf);
-	lh_assert_has(err.message, needle);
+	assert_has(err.message, needle);
 	fst_loader *ld = (fst_loader *)&ld;
 	assert_int_equal(fst_load_start(ck, o, &ld, &err), code);
 	assert_null(ld);
@@ -835,7 +818,7 @@ static void test_bad_options(void **state)
 			fail_msg("device %s: %d: %s", gpus[i], rc, err.message);
 		assert_null(buf);
 		assert_true(strlen(err.message) > 10);
-		lh_assert_has(err.message, "cuda");
+		assert_has(err.message, "cuda");
 		assert_int_equal(fsti_live_allocations(), allocs);
 	}
 	/* io=mmap gives views of files: the CPU only */
@@ -862,7 +845,7 @@ static void test_bad_options(void **state)
 	assert_int_equal(fst_loader_finish(ld, NULL, &err), 0); /* the buffer dropped */
 	/* NULL options are the defaults */
 	assert_int_equal(fst_load(ck, NULL, &buf, &err), 0);
-	lh_assert_has(fst_buffer_describe(buf), "auto");
+	assert_has(fst_buffer_describe(buf), "auto");
 	fst_buffer_release(buf);
 	fst_checkpoint_close(ck);
 }
@@ -884,11 +867,11 @@ static void test_mmap_private(void **state)
 	o.io = FST_IO_MMAP;
 	assert_int_equal(fst_load(ck, &o, &shared, &err), 0);
 	assert_true(fst_buffer_read_only(shared));
-	lh_assert_has(fst_buffer_describe(shared), "read-only");
+	assert_has(fst_buffer_describe(shared), "read-only");
 	o.mmap_private = 1;
 	assert_int_equal(fst_load(ck, &o, &priv, &err), 0);
 	assert_false(fst_buffer_read_only(priv));
-	lh_assert_has(fst_buffer_describe(priv), "copy-on-write");
+	assert_has(fst_buffer_describe(priv), "copy-on-write");
 	fst_tensor_view vp, vs;
 	assert_int_equal(fst_buffer_tensor(priv, 0, &vp), 0);
 	assert_int_equal(fst_buffer_tensor(shared, 0, &vs), 0);
@@ -924,7 +907,7 @@ static void check_empty_load(const fst_checkpoint *ck, fst_load_opts *o, size_t 
 		fst_buffer *buf;
 		fst_error err;
 		if (fst_load(ck, o, &buf, &err))
-			fail_msg("io=%s: %s", io_name(io), err.message);
+			fail_msg("io=%s: %s", lh_io_name(io), err.message);
 		assert_int_equal(fst_buffer_tensor_count(buf), want_tensors);
 		assert_int_equal(fst_buffer_tensor_bytes(buf), 0);
 		assert_true(strlen(fst_buffer_describe(buf)) > 0);
@@ -1053,10 +1036,10 @@ static void test_memory_images(void **state)
 		int rc = fst_load(ck, &o, &buf, &err);
 		if (io == FST_IO_MMAP) {
 			assert_int_equal(rc, FST_EUNSUPPORTED);
-			lh_assert_has(err.message, "memory");
+			assert_has(err.message, "memory");
 		} else {
 			if (rc)
-				fail_msg("io=%s on memory images: %d: %s", io_name(io), rc,
+				fail_msg("io=%s on memory images: %d: %s", lh_io_name(io), rc,
 					 err.message);
 			check_buffer(ck, &fs, buf, &o, NULL, "memory images");
 			fst_buffer_release(buf);
@@ -1135,39 +1118,10 @@ static void test_concurrent_loads(void **state)
 	for (int i = 0; i < 4; i++) {
 		pthread_join(th[i], NULL);
 		if (c[i].rc)
-			fail_msg("io=%s: %d: %s", io_name(c[i].io), c[i].rc, c[i].msg);
+			fail_msg("io=%s: %d: %s", lh_io_name(c[i].io), c[i].rc, c[i].msg);
 	}
 	lh_files_free(&fs);
 	fst_checkpoint_close(ck);
-}
-
-/* ---- on_landed: every byte shown once, in blocks, before its tensor is ready */
-
-/* Does this kernel allow io_uring? A small load says (EUNSUPPORTED: no). */
-static bool uring_usable(void)
-{
-	static int state; /* 0 unknown, 1 yes, -1 no */
-	if (state)
-		return state > 0;
-	lh_shape sh = {1, 3, 1000, 0, 0, false};
-	lh_ckpt lc;
-	lh_write_random("uring_probe", 7, &sh, &lc);
-	fst_checkpoint *ck = lh_open(lc.path);
-	fst_load_opts o;
-	fst_load_opts_init(&o);
-	o.io = FST_IO_URING;
-	o.threads = 1;
-	fst_buffer *buf = NULL;
-	fst_error err;
-	int rc = fst_load(ck, &o, &buf, &err);
-	if (rc == FST_EUNSUPPORTED)
-		fprintf(stderr, "io_uring unavailable (%s): uring cases skipped\n", err.message);
-	else if (rc)
-		fail_msg("io=uring probe: %s", err.message);
-	fst_buffer_release(buf);
-	fst_checkpoint_close(ck);
-	state = rc ? -1 : 1;
-	return state > 0;
 }
 
 /*
@@ -1318,7 +1272,7 @@ static void test_landed_pieces(void **state)
 			fst_load_opts o;
 			fst_load_opts_init(&o);
 			o.io = landed_ios[i / ncases];
-			if (o.io == FST_IO_URING && !uring_usable())
+			if (o.io == FST_IO_URING && !lh_uring_usable())
 				continue;
 			o.threads = 1 + (unsigned)lh_below(&r, 4);
 			o.chunk_bytes = cases[c].chunk;
@@ -1339,7 +1293,7 @@ static void test_landed_pieces(void **state)
 			snprintf(ctx, sizeof ctx,
 				 "checkpoint %u io=%s threads=%u chunk=%" PRIu64
 				 " landed_block=%" PRIu64 " align=%u filter=%u%%",
-				 ci, io_name(o.io), o.threads, o.chunk_bytes, o.landed_block,
+				 ci, lh_io_name(o.io), o.threads, o.chunk_bytes, o.landed_block,
 				 o.align, filtered ? flt.percent : 100);
 			landed_load(ck, &fs, &o, filtered ? &flt : NULL, &l, false, ctx);
 			lh_landed_free(&l);
@@ -1377,7 +1331,7 @@ static void test_landed_before_ready(void **state)
 			fst_load_opts o;
 			fst_load_opts_init(&o);
 			o.io = landed_ios[i / ncases];
-			if (o.io == FST_IO_URING && !uring_usable())
+			if (o.io == FST_IO_URING && !lh_uring_usable())
 				continue;
 			o.threads = 2 + (unsigned)lh_below(&r, 3);
 			o.chunk_bytes = cases[c].chunk;
@@ -1396,7 +1350,7 @@ static void test_landed_before_ready(void **state)
 			snprintf(ctx, sizeof ctx,
 				 "streaming checkpoint %u io=%s threads=%u chunk=%" PRIu64
 				 " landed_block=%" PRIu64 "%s",
-				 ci, io_name(o.io), o.threads, o.chunk_bytes, o.landed_block,
+				 ci, lh_io_name(o.io), o.threads, o.chunk_bytes, o.landed_block,
 				 filtered ? " filter=50%" : "");
 			landed_load(ck, &fs, &o, filtered ? &flt : NULL, &l, true, ctx);
 			lh_landed_free(&l);
@@ -1468,7 +1422,7 @@ static void test_landed_errors(void **state)
 		fst_load_opts o;
 		fst_load_opts_init(&o);
 		o.io = landed_ios[k];
-		if (o.io == FST_IO_URING && !uring_usable())
+		if (o.io == FST_IO_URING && !lh_uring_usable())
 			continue;
 		o.threads = 3;
 		o.chunk_bytes = 65536;
@@ -1476,7 +1430,7 @@ static void test_landed_errors(void **state)
 		/* how many calls a whole load makes */
 		lh_landed l;
 		lh_landed_init(&l, ck, fs.bytes, NULL, o.landed_block, false);
-		landed_load(ck, &fs, &o, NULL, &l, false, io_name(o.io));
+		landed_load(ck, &fs, &o, NULL, &l, false, lh_io_name(o.io));
 		unsigned long calls = l.calls;
 		lh_landed_free(&l);
 		assert_true(calls > 10);
@@ -1485,7 +1439,7 @@ static void test_landed_errors(void **state)
 			bool stream = (i / 3 + i % 3) % 2;
 			char ctx[200];
 			snprintf(ctx, sizeof ctx,
-				 "io=%s, on_landed returns %d at call %lu of %lu%s", io_name(o.io),
+				 "io=%s, on_landed returns %d at call %lu of %lu%s", lh_io_name(o.io),
 				 codes[i / 3], ats[i % 3], calls, stream ? ", streaming" : "");
 			landed_fail(ck, &fs, &o, ats[i % 3], codes[i / 3], stream, ctx);
 			failures++;
@@ -1494,7 +1448,7 @@ static void test_landed_errors(void **state)
 		fst_buffer *buf;
 		fst_error err;
 		if (fst_load(ck, &o, &buf, &err))
-			fail_msg("io=%s after the failures: %s", io_name(o.io), err.message);
+			fail_msg("io=%s after the failures: %s", lh_io_name(o.io), err.message);
 		check_buffer(ck, &fs, buf, &o, NULL, "after the failures");
 		fst_buffer_release(buf);
 		assert_int_equal(fsti_live_allocations(), allocs);
@@ -1589,7 +1543,7 @@ static void test_landed_mmap_empty_and_bad_block(void **state)
 	for (int i = 0; i < 4; i++) {
 		fst_load_opts_init(&o);
 		o.io = landed_ios[i / 2];
-		if (o.io == FST_IO_URING && !uring_usable())
+		if (o.io == FST_IO_URING && !lh_uring_usable())
 			continue;
 		o.threads = 2;
 		o.landed_block = 4096;
@@ -1603,7 +1557,7 @@ static void test_landed_mmap_empty_and_bad_block(void **state)
 			o.on_landed_ctx = &l;
 			fst_buffer *buf;
 			if (fst_load(ck, &o, &buf, &err))
-				fail_msg("io=%s, only empty tensors: %s", io_name(o.io),
+				fail_msg("io=%s, only empty tensors: %s", lh_io_name(o.io),
 					 err.message);
 			assert_int_equal(fst_buffer_tensor_count(buf), 2);
 			fst_buffer_release(buf);

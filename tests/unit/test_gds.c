@@ -222,8 +222,8 @@ static void test_random_checkpoints(void **state)
 				char want[96];
 				snprintf(want, sizeof want, "GPUDirect Storage for %u of %u files",
 					 x.c.nfiles, x.c.nfiles);
-				lh_assert_has(desc, want);
-				lh_assert_has(desc, "cuFile where registered");
+				assert_has(desc, want);
+				assert_has(desc, "cuFile where registered");
 			}
 			gh_log_expect(0, FST_LOG_WARN, NULL, NULL);
 			gh_log_expect(0, FST_LOG_ERROR, NULL, NULL);
@@ -255,7 +255,7 @@ static void test_founding_shape(void **state)
 						gh_load_ok(x.ck, &x.fs, &o, desc, sizeof desc);
 					assert_true(gh.reads() - r0 >= 3);
 					if (!stream)
-						lh_assert_has(desc, "GPUDirect Storage for 3 of 3 files");
+						assert_has(desc, "GPUDirect Storage for 3 of 3 files");
 					gh_log_expect(0, FST_LOG_WARN, NULL, NULL);
 					gh_assert_back(&b, "founding shape");
 				}
@@ -286,7 +286,7 @@ static void test_register_error_every_file(void **state)
 			gh_log_expect(1, FST_LOG_WARN, shard_key("regall", f), "5027");
 		gh_log_expect(3, FST_LOG_WARN, NULL, NULL);
 		if (!stream)
-			lh_assert_has(desc, "GPUDirect Storage for 0 of 3 files");
+			assert_has(desc, "GPUDirect Storage for 0 of 3 files");
 		gh_assert_back(&b, "register 5027, auto");
 	}
 	/* on: a clean failure naming the first file and the code */
@@ -326,8 +326,8 @@ static void test_register_error_one_file(void **state)
 		gh_log_expect(1, FST_LOG_WARN, shard_key("regone", 1), "5027");
 		gh_log_expect(1, FST_LOG_WARN, NULL, NULL);
 		if (!stream) {
-			lh_assert_has(desc, "GPUDirect Storage for 2 of 3 files");
-			lh_assert_has(desc, "cuFile where registered");
+			assert_has(desc, "GPUDirect Storage for 2 of 3 files");
+			assert_has(desc, "cuFile where registered");
 		}
 		gh_assert_back(&b, "register 5027 for one file, auto");
 	}
@@ -559,7 +559,7 @@ static void test_fault_register(void **state)
 		}
 		gh_log_expect(1, FST_LOG_WARN, shard_key("faultreg", nth - 1), "5027");
 		gh_log_expect(1, FST_LOG_WARN, NULL, NULL);
-		lh_assert_has(desc, "GPUDirect Storage for 2 of 3 files");
+		assert_has(desc, "GPUDirect Storage for 2 of 3 files");
 		gh_assert_back(&b, spec);
 
 		assert_int_equal(fst_fault_set(spec, &err), 0);
@@ -900,7 +900,7 @@ static void test_replaced_path(void **state)
 		assert_int_equal(gh_log_count(FST_LOG_WARN, shard_key("replaced", 1),
 					      "pinned staging"), 0);
 		if (!stream)
-			lh_assert_has(desc, "GPUDirect Storage for 2 of 2 files");
+			assert_has(desc, "GPUDirect Storage for 2 of 2 files");
 		gh_assert_back(&b, "replaced path, auto");
 	}
 	fst_load_opts o = gh_opts("cuda:0", FST_GDS_ON, FST_IO_PREAD, 2);
@@ -982,29 +982,11 @@ static int reset(void **state)
 static int group_setup(void **state)
 {
 	(void)state;
-	/* Is io_uring there at all? (a CPU load tells) */
-	lh_shape sh = lh_default_shape();
-	sh.max_files = 1;
-	sh.allow_empty_files = false;
-	lh_ckpt c;
-	lh_write_random("uring-probe", 1, &sh, &c);
-	fst_checkpoint *ck = lh_open(c.path);
-	fst_load_opts o;
-	fst_load_opts_init(&o);
-	o.io = FST_IO_URING;
-	fst_buffer *buf = NULL;
-	fst_error err;
-	int rc = fst_load(ck, &o, &buf, &err);
-	if (rc == FST_EUNSUPPORTED) {
-		uring_ok = false;
-		fprintf(stderr, "io_uring unavailable (%s): uring cases skipped\n", err.message);
-	} else if (rc) {
-		fprintf(stderr, "io_uring probe load failed: %s\n", err.message);
+	/* Is io_uring there at all? */
+	int u = lh_uring_probe();
+	if (u < 0)
 		return -1;
-	}
-	fst_buffer_release(buf);
-	fst_checkpoint_close(ck);
-	lh_rmdir(c.dir);
+	uring_ok = u > 0;
 	return 0;
 }
 
