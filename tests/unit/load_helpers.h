@@ -195,6 +195,32 @@ void lh_landed_check_failed(lh_landed *l, fst_load_opts *o, int rc, int want, co
  */
 void lh_known_bug(const char *id, const char *detail);
 
+/* ---- CPU loads checked (load_checks.c) */
+
+/* One view against checkpoint tensor `entry`: name, dtype, shape, size, the
+ * CPU, alignment (unless mapped) and every byte. */
+void lh_check_view(const fst_checkpoint *ck, const lh_files *fs, size_t entry,
+		   const fst_tensor_view *v, uint32_t align, bool mapped, const char *ctx);
+/* A whole buffer loaded with o: the tensors flt selects (NULL: all), in
+ * checkpoint order, inside the one allocation and disjoint; counts, sizes,
+ * fst_buffer_find and describe. */
+void lh_check_buffer(const fst_checkpoint *ck, const lh_files *fs, fst_buffer *buf,
+		     const fst_load_opts *o, const lh_filter *flt, const char *ctx);
+/* The streaming form: each view checked the moment it is handed out, each
+ * selected tensor exactly once; some views released before finish, the
+ * others checked again after it. Returns the buffer from finish. */
+fst_buffer *lh_load_streaming(const fst_checkpoint *ck, const lh_files *fs,
+			      const fst_load_opts *o, const lh_filter *flt, const char *ctx);
+/* fst_load and fst_load_start both refuse o with code and a message
+ * containing needle, handing out nothing and leaving nothing allocated. */
+void lh_expect_usage(const fst_checkpoint *ck, const fst_load_opts *o, int code,
+		     const char *needle);
+/* One shard of 96 BF16 tensors of 96 KiB (9 MiB), written once a process;
+ * for cancelling and progress. */
+const char *lh_big_path(void);
+
+/* ---- the rest */
+
 /* "pread", "uring", "mmap" or "auto". */
 const char *lh_io_name(int io);
 
