@@ -1,14 +1,18 @@
 /* gds_helpers.c - the GPUDirect Storage tests' view of both doubles, log
- * capture, resource snapshots and checked loads (see gds_helpers.h). */
+ * capture, resource snapshots, checked loads, their checkpoints and the
+ * group set-up (see gds_helpers.h). */
 #include "gds_helpers.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 gh_doubles gh;
+bool gh_uring_ok = true;
 
 void *gh_sym(void *lib, const char *name)
 {
@@ -320,4 +324,187 @@ void gh_stream_fails(const fst_checkpoint *ck, const lh_files *fs, const fst_loa
 	fst_buffer *buf = (fst_buffer *)(uintptr_t)1;
 	assert_int_equal(fst_loader_finish(ld, &buf, &err), code);
 	assert_null(buf);
+}
+
+/* ---- checkpoints */
+
+/* Sum of the tensor bytes of file `file`. */
+uint64_t gh_file_bytes(const fst_checkpoint *ck, size_t file)
+{
+	uint64_t n = 0;
+	for (size_t i = 0; i < fst_checkpoint_tensor_count(ck); i++) {
+		fst_tensor_info info;
+		size_t f;
+		assert_int_equal(fst_checkpoint_tensor(ck, i, &info, &f), 0);
+		if (f == file)
+			n += info.nbytes;
+	}
+	return n;
+}
+
+/* "/<dir name>/NN.safetensors": how the double's per-path counters find a
+ * shard whatever the real path of the test directory is. */
+const char *gh_shard_key(const char *name, size_t file)
+{
+	static char keys[4][128];
+	static int next;
+	char *k = keys[next++ % 4];
+	snprintf(k, sizeof keys[0], "/%s/%02zu.safetensors", name, file);
+	return k;
+}
+
+struct founding_tensor {
+	const char *tag;
+	fst_dtype dtype;
+	uint32_t ndim;
+	uint64_t shape[2];
+};
+
+/*
+ * The shape that broke the first GDS loader: every shard's data section
+ * starts 8 bytes past a 16-byte boundary (data_align 16, header_extra 8),
+ * and odd-sized U8 tensors come before BF16 ones, so the BF16 tensors sit at
+ * odd file offsets while their destinations are 256-aligned.
+ */
+void gh_write_founding_salted(const char *name, unsigned nfiles, uint64_t seed, uint64_t salt,
+			      lh_ckpt *c)
+{
+	lh_rng r = {seed};
+	memset(c, 0, sizeof *c);
+	snprintf(c->dir, sizeof c->dir, "%s/%s", test_tmpdir(), name);
+	lh_rmdir(c->dir);
+	if (mkdir(c->dir, 0755))
+		fail_msg("mkdir %s: %s", c->dir, strerror(errno));
+	snprintf(c->path, sizeof c->path, "%s", c->dir);
+	c->nfiles = nfiles;
+	for (unsigned f = 0; f < nfiles; f++) {
+		const struct founding_tensor ts[] = {
+			{"a", FST_DTYPE_U8, 1, {1 + 2 * lh_below(&r, 50)}},
+			{"b", FST_DTYPE_U8, 1, {3 + 2 * lh_below(&r, 1000)}},
+			{"c", FST_DTYPE_BF16, 2, {3, 1000 + f}},
+			{"d", FST_DTYPE_U8, 1, {7}},
+			{"e", FST_DTYPE_BF16, 2, {2, 40000 + lh_below(&r, 5000)}},
+			{"f", FST_DTYPE_U8, 1, {100001 + 2 * lh_below(&r, 1000)}},
+			{"g", FST_DTYPE_F32, 1, {1000 + lh_below(&r, 100)}},
+			{"h", FST_DTYPE_U8, 1, {1}},
+			{"i", FST_DTYPE_BF16, 2, {5, 7}},
+			{"j", FST_DTYPE_U8, 1, {0}},
+			{"k", FST_DTYPE_BF16, 1, {30001}},
+		};
+		size_t nt = sizeof ts / sizeof ts[0];
+		fst_writer_opts wo;
+		fst_writer_opts_init(&wo);
+		wo.data_align = 16;
+		wo.header_extra = 8;
+		fst_writer *w;
+		fst_error err;
+		if (fst_writer_new(&wo, &w, &err))
+			fail_msg("writer: %s", err.message);
+		struct lh_fill_ctx keys[sizeof ts / sizeof ts[0]];
+		for (size_t t = 0; t < nt; t++) {
+			char tname[64];
+			snprintf(tname, sizeof tname, "f%u.%s", f, ts[t].tag);
+			keys[t].key = lh_mix((seed ^ salt) * 7919u + f * 131u + t);
+			if (fst_writer_add_fill(w, tname, ts[t].dtype, ts[t].ndim, ts[t].shape, lh_fill,
+						&keys[t], &err))
+				fail_msg("add %s: %s", tname, err.message);
+			c->ntensors++;
+		}
+		char file[800];
+		snprintf(file, sizeof file, "%s/%02u.safetensors", c->dir, f);
+		if (fst_writer_finish(w, file, &err))
+			fail_msg("finish %s: %s", file, err.message);
+		fst_writer_free(w);
+	}
+}
+
+void gh_write_founding(const char *name, unsigned nfiles, uint64_t seed, lh_ckpt *c)
+{
+	gh_write_founding_salted(name, nfiles, seed, 0, c);
+}
+
+void gh_fixture_open(gh_fixture *x, const char *name)
+{
+	x->name = name;
+	x->ck = lh_open(x->c.path);
+	lh_files_read(x->ck, &x->fs);
+}
+
+void gh_founding(gh_fixture *x, const char *name, unsigned nfiles, uint64_t seed)
+{
+	gh_write_founding(name, nfiles, seed, &x->c);
+	gh_fixture_open(x, name);
+	/* the shape really is the founding one */
+	for (size_t f = 0; f < fst_checkpoint_file_count(x->ck); f++)
+		assert_int_equal(fst_file_data_offset(fst_checkpoint_file(x->ck, f)) % 16, 8);
+	bool odd_bf16 = false;
+	for (size_t i = 0; i < fst_checkpoint_tensor_count(x->ck); i++) {
+		fst_tensor_info info;
+		assert_int_equal(fst_checkpoint_tensor(x->ck, i, &info, NULL), 0);
+		if (info.dtype == FST_DTYPE_BF16 && info.file_offset % 2)
+			odd_bf16 = true;
+	}
+	assert_true(odd_bf16);
+}
+
+void gh_fixture_close(gh_fixture *x)
+{
+	lh_files_free(&x->fs);
+	fst_checkpoint_close(x->ck);
+	lh_rmdir(x->c.dir);
+	memset(x, 0, sizeof *x);
+}
+
+void gh_setenv_long(const char *name, long v)
+{
+	char s[32];
+	snprintf(s, sizeof s, "%ld", v);
+	setenv(name, s, 1);
+}
+
+/* ---- the group */
+
+int gh_reset(void **state)
+{
+	(void)state;
+	/* a failed test may have left its buffer registered (see
+	 * GDS-BUF-STAYS-REGISTERED): every test starts with none */
+	gh.forget_bufs();
+	gh_switches_off();
+	setenv("FST_CUFILE_DOUBLE_DELAY_US", "100", 1);
+	setenv("FST_DOUBLE_DELAY_US", "50", 1);
+	gh_log_capture(FST_LOG_INFO);
+	return 0;
+}
+
+int gh_group_setup(void **state)
+{
+	(void)state;
+	/* Is io_uring there at all? */
+	int u = lh_uring_probe();
+	if (u < 0)
+		return -1;
+	gh_uring_ok = u > 0;
+	return 0;
+}
+
+int gh_leftovers(void)
+{
+	fst_log_set_callback(NULL, NULL);
+	gh_log_clear();
+	fst_trim();
+	long bad = gh.misuse() + gh.live_handles() + gh.live_device() + gh.live_host();
+	if (bad) {
+		fprintf(stderr, "at the end: cuFile misuse %ld, live handles %ld, device allocations "
+				"%ld, pinned blocks %ld\n",
+			gh.misuse(), gh.live_handles(), gh.live_device(), gh.live_host());
+		return -1;
+	}
+	return 0;
+}
+
+int gh_group_teardown(void **state)
+{
+	(void)state;
+	return gh_leftovers();
 }

@@ -1,5 +1,5 @@
 /*
- * gds_helpers.h - shared by the GPUDirect Storage tests (test_gds,
+ * gds_helpers.h - shared by the GPUDirect Storage tests (test_gds_*,
  * test_gds_probe), which run against two doubles: libcuda
  * (FST_CUDA_LIBRARY, tests/doubles/cuda_double.c) and libcufile
  * (FST_CUFILE_LIBRARY, tests/doubles/cufile_double.c). The doubles are
@@ -12,6 +12,8 @@
 
 #include "internal.h"
 #include "load_helpers.h"
+
+#define KiB 1024ull
 
 /* ---- the doubles' counters */
 
@@ -34,6 +36,8 @@ typedef struct gh_doubles {
 
 /* Filled by gh_open_doubles. */
 extern gh_doubles gh;
+/* Whether this kernel allows io_uring (asked by gh_group_setup). */
+extern bool gh_uring_ok;
 
 /* A symbol of a double (exits when it lacks it). */
 void *gh_sym(void *lib, const char *name);
@@ -112,5 +116,52 @@ void gh_load_fails(const fst_checkpoint *ck, const fst_load_opts *o, int code, i
  * handing out only correct tensors), and finish hands out nothing. */
 void gh_stream_fails(const fst_checkpoint *ck, const lh_files *fs, const fst_load_opts *o, int code,
 		     const char *a);
+
+/* ---- checkpoints */
+
+/* Sum of the tensor bytes of file `file`. */
+uint64_t gh_file_bytes(const fst_checkpoint *ck, size_t file);
+/* "/<dir name>/NN.safetensors": how the double's per-path counters find a
+ * shard whatever the real path of the test directory is (4 static buffers,
+ * used in turn). */
+const char *gh_shard_key(const char *name, size_t file);
+/*
+ * The shape that broke the first GDS loader: every shard's data section
+ * starts 8 bytes past a 16-byte boundary (data_align 16, header_extra 8),
+ * and odd-sized U8 tensors come before BF16 ones, so the BF16 tensors sit at
+ * odd file offsets while their destinations are 256-aligned. salt changes
+ * the bytes, not the layout.
+ */
+void gh_write_founding_salted(const char *name, unsigned nfiles, uint64_t seed, uint64_t salt,
+			      lh_ckpt *c);
+void gh_write_founding(const char *name, unsigned nfiles, uint64_t seed, lh_ckpt *c);
+
+/* An open checkpoint and an independent copy of its files. */
+typedef struct gh_fixture {
+	lh_ckpt c;
+	fst_checkpoint *ck;
+	lh_files fs;
+	const char *name;
+} gh_fixture;
+
+/* Open x->c (written already) as name. */
+void gh_fixture_open(gh_fixture *x, const char *name);
+/* Write a founding-shape checkpoint and open it, checking the shape. */
+void gh_founding(gh_fixture *x, const char *name, unsigned nfiles, uint64_t seed);
+/* Close x and remove its directory. */
+void gh_fixture_close(gh_fixture *x);
+void gh_setenv_long(const char *name, long v);
+
+/* ---- the group */
+
+/* Before each test: every switch off, the doubles' delays, log capture. */
+int gh_reset(void **state);
+/* Asks whether io_uring is usable. */
+int gh_group_setup(void **state);
+/* Stop capturing the log; nothing may be left live in either double and the
+ * cuFile double saw no misuse (-1, said on stderr, otherwise). */
+int gh_leftovers(void);
+/* gh_leftovers, as a group teardown. */
+int gh_group_teardown(void **state);
 
 #endif

@@ -310,20 +310,10 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
 	(void)state;
-	fst_log_set_callback(NULL, NULL);
-	gh_log_clear();
 	lh_files_free(&fs);
 	fst_checkpoint_close(ck);
 	lh_rmdir(ckc.dir);
-	fst_trim();
-	long bad = gh.misuse() + gh.live_handles() + gh.live_device() + gh.live_host();
-	if (bad) {
-		fprintf(stderr, "at the end: cuFile misuse %ld, live handles %ld, device allocations "
-				"%ld, pinned blocks %ld\n",
-			gh.misuse(), gh.live_handles(), gh.live_device(), gh.live_host());
-		return -1;
-	}
-	return 0;
+	return gh_leftovers();
 }
 
 int main(int argc, char **argv)
