@@ -148,7 +148,7 @@ fst_buffer *lh_load_streaming(const fst_checkpoint *ck, const lh_files *fs, cons
 		if (views[i].buffer) {
 			assert_ptr_equal(views[i].buffer, buf);
 			lh_check_view(ck, fs, entry[views[i].index], &views[i], align,
-				   o->io == FST_IO_MMAP, ctx);
+				      o->io == FST_IO_MMAP, ctx);
 		}
 		fst_view_release(&views[i]);
 	}

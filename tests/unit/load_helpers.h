@@ -2,9 +2,10 @@
  * load_helpers.h - shared by the loading tests (test_plan, test_engine_*,
  * test_stress, test_cuda_*, test_gds_*, ...): a seeded generator of random
  * checkpoints written with fst_writer, an independent reader of file bytes,
- * filters, a recorder of on_landed calls and resource counters. The bodies
- * are in load_helpers.c and load_landed.c, built into fst_testlib; only the
- * generator's hot inner steps stay inline here.
+ * filters, a recorder of on_landed calls, resource counters and checked CPU
+ * loads. The bodies are in load_helpers.c, load_landed.c and load_checks.c,
+ * built into fst_testlib; only the generator's hot inner steps stay inline
+ * here.
  */
 #ifndef FST_TEST_LOAD_HELPERS_H
 #define FST_TEST_LOAD_HELPERS_H
@@ -177,17 +178,17 @@ bool lh_landed_complete(lh_landed *l, size_t i);
  * selected tensor reported exactly once (none of the others). */
 void lh_landed_check(lh_landed *l, const char *ctx);
 
-/* ---- resources */
-
-/* Open descriptors of this process (-1 without /proc). */
-int lh_count_fds(void);
-
 /* After a load whose on_landed l failed (fail_at, fail_rc), with o's
  * callback set to it: the load returned want with no buffer, its message
  * names the failing call's tensor and on_landed, and what was reported
  * before broke no rule. Frees l and clears o's callback. */
-void lh_landed_check_failed(lh_landed *l, fst_load_opts *o, int rc, int want, const fst_error *err,
-			    const fst_buffer *buf, const char *ctx);
+void lh_landed_check_failed(lh_landed *l, fst_load_opts *o, int rc, int want,
+			    const fst_error *err, const fst_buffer *buf, const char *ctx);
+
+/* ---- resources */
+
+/* Open descriptors of this process (-1 without /proc). */
+int lh_count_fds(void);
 
 /*
  * A regression of a bug these tests found and that has been fixed: always

@@ -157,8 +157,8 @@ void lh_landed_check(lh_landed *l, const char *ctx)
 	}
 }
 
-void lh_landed_check_failed(lh_landed *l, fst_load_opts *o, int rc, int want, const fst_error *err,
-			    const fst_buffer *buf, const char *ctx)
+void lh_landed_check_failed(lh_landed *l, fst_load_opts *o, int rc, int want,
+			    const fst_error *err, const fst_buffer *buf, const char *ctx)
 {
 	if (rc != want)
 		fail_msg("%s: %d (%s), expected %d", ctx, rc, err->message, want);

@@ -95,7 +95,7 @@ static void test_edge_checkpoints(void **state)
 				ch_add_tensor(w, &r, name, t % 2 ? FST_DTYPE_F64 : FST_DTYPE_U8, 0, true, k);
 			else /* odd-sized bytes next to scalars and empties */
 				ch_add_tensor(w, &r, name, t % 3 ? FST_DTYPE_U8 : FST_DTYPE_I32,
-					   t % 3 ? 2 * t + 1 : 0, t % 3 == 0 && t % 2, k);
+					      t % 3 ? 2 * t + 1 : 0, t % 3 == 0 && t % 2, k);
 		}
 		char path[700];
 		snprintf(path, sizeof path, "%s/%02u.safetensors", c.dir, f);

@@ -97,7 +97,7 @@ static void test_streaming_readiness(void **state)
 						continue;
 					fst_load_opts o;
 					ch_opts(&o, dev ? "cuda:1" : "cuda:0", ios[k], threads[t],
-						  staging[s]);
+						staging[s]);
 					fst_loader *ld = NULL;
 					fst_error err;
 					if (fst_load_start(c.ck, &o, &ld, &err))
