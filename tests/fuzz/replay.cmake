@@ -10,6 +10,6 @@ foreach(name header index)
   target_link_libraries(${target} PRIVATE fst_static)
   add_test(NAME fuzz.replay_${name}
     COMMAND ${target} ${CMAKE_CURRENT_LIST_DIR}/corpus/${name})
-  set_tests_properties(fuzz.replay_${name} PROPERTIES TIMEOUT 300
+  set_tests_properties(fuzz.replay_${name} PROPERTIES LABELS fuzz TIMEOUT 300
     ENVIRONMENT "TMPDIR=${CMAKE_BINARY_DIR}/test-tmp")
 endforeach()

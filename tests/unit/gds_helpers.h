@@ -1,11 +1,11 @@
 /*
- * gds_helpers.h - shared by the GPUDirect Storage tests (test_gds,
+ * gds_helpers.h - shared by the GPUDirect Storage tests (test_gds_*,
  * test_gds_probe), which run against two doubles: libcuda
  * (FST_CUDA_LIBRARY, tests/doubles/cuda_double.c) and libcufile
  * (FST_CUFILE_LIBRARY, tests/doubles/cufile_double.c). The doubles are
  * opened here too, for their counters: dlopen of the same path gives the
- * very library libfst loaded. Header-only (static inline) so the tests'
- * CMake glob needs no change.
+ * very library libfst loaded. The bodies are in gds_helpers.c, built into
+ * fst_testlib.
  */
 #ifndef FST_TEST_GDS_HELPERS_H
 #define FST_TEST_GDS_HELPERS_H
@@ -13,8 +13,7 @@
 #include "format.h"
 #include "load_helpers.h"
 
-#include <dlfcn.h>
-#include <pthread.h>
+#define KiB 1024ull
 
 /* ---- the doubles' counters */
 
@@ -35,143 +34,39 @@ typedef struct gh_doubles {
 	long (*live_host)(void);
 } gh_doubles;
 
-static gh_doubles gh;
+/* Filled by gh_open_doubles. */
+extern gh_doubles gh;
+/* Whether this kernel allows io_uring (asked by gh_group_setup). */
+extern bool gh_uring_ok;
 
-static inline void *gh_sym(void *lib, const char *name)
-{
-	void *p = dlsym(lib, name);
-	if (!p) {
-		fprintf(stderr, "a double lacks %s\n", name);
-		exit(1);
-	}
-	return p;
-}
+/* A symbol of a double (exits when it lacks it). */
+void *gh_sym(void *lib, const char *name);
 
 /*
  * Open both doubles (FST_TEST_CUFILE_DOUBLE names the cuFile double even
  * where a test points FST_CUFILE_LIBRARY elsewhere). Returns 77 (skip) when
  * the environment ctest sets is missing, else 0.
  */
-static inline int gh_open_doubles(void)
-{
-	const char *cuda = getenv("FST_CUDA_LIBRARY");
-	const char *cufile = getenv("FST_TEST_CUFILE_DOUBLE");
-	if (!cufile || !*cufile)
-		cufile = getenv("FST_CUFILE_LIBRARY");
-	if (!cuda || !*cuda || !cufile || !*cufile) {
-		fprintf(stderr, "FST_CUDA_LIBRARY or FST_CUFILE_LIBRARY is not set: run through "
-				"ctest\n");
-		return 77;
-	}
-	gh.cuda = dlopen(cuda, RTLD_NOW | RTLD_LOCAL);
-	gh.cufile = dlopen(cufile, RTLD_NOW | RTLD_LOCAL);
-	if (!gh.cuda || !gh.cufile) {
-		fprintf(stderr, "cannot open the doubles: %s\n", dlerror());
-		exit(1);
-	}
-#define GH_SYM(lib, field, name) *(void **)(&gh.field) = gh_sym(gh.lib, name)
-	GH_SYM(cufile, live_handles, "fst_cufile_double_live_handles");
-	GH_SYM(cufile, live_bufs, "fst_cufile_double_live_bufs");
-	GH_SYM(cufile, reads, "fst_cufile_double_reads");
-	GH_SYM(cufile, failed_reads, "fst_cufile_double_failed_reads");
-	GH_SYM(cufile, misuse, "fst_cufile_double_misuse");
-	GH_SYM(cufile, driver_opens, "fst_cufile_double_driver_opens");
-	GH_SYM(cufile, handle_registers, "fst_cufile_double_handle_registers");
-	GH_SYM(cufile, buf_registers, "fst_cufile_double_buf_registers");
-	GH_SYM(cufile, bytes, "fst_cufile_double_bytes");
-	GH_SYM(cufile, path_reads, "fst_cufile_double_path_reads");
-	GH_SYM(cufile, forget_bufs, "fst_cufile_double_forget_bufs");
-	GH_SYM(cuda, live_device, "fst_double_live_device");
-	GH_SYM(cuda, live_host, "fst_double_live_host");
-#undef GH_SYM
-	return 0;
-}
+int gh_open_doubles(void);
 
 /* Every switch of the cuFile double off; faults disarmed. */
-static inline void gh_switches_off(void)
-{
-	static const char *const vars[] = {
-		"FST_CUFILE_DOUBLE_OPEN_ERR",  "FST_CUFILE_DOUBLE_REGISTER_ERR",
-		"FST_CUFILE_DOUBLE_REGISTER_ERR_FILE", "FST_CUFILE_DOUBLE_BUFREG_ERR",
-		"FST_CUFILE_DOUBLE_SHORT",     "FST_CUFILE_DOUBLE_FAIL_AFTER",
-		"FST_CUFILE_DOUBLE_FAIL_RC",   "FST_CUFILE_DOUBLE_NVFS",
-	};
-	for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-		unsetenv(vars[i]);
-	fst_fault_set(NULL, NULL);
-}
+void gh_switches_off(void);
 
 /* ---- log capture */
 
-#define GH_LOG_MAX 512
-
-static struct {
-	pthread_mutex_t m;
-	int n;
-	int level[GH_LOG_MAX];
-	char *msg[GH_LOG_MAX];
-} gh_log = {PTHREAD_MUTEX_INITIALIZER, 0, {0}, {0}};
-
-static inline void gh_log_fn(void *ctx, int level, const char *message)
-{
-	(void)ctx;
-	pthread_mutex_lock(&gh_log.m);
-	if (gh_log.n < GH_LOG_MAX) {
-		gh_log.level[gh_log.n] = level;
-		gh_log.msg[gh_log.n++] = strdup(message);
-	}
-	pthread_mutex_unlock(&gh_log.m);
-}
-
-static inline void gh_log_clear(void)
-{
-	pthread_mutex_lock(&gh_log.m);
-	for (int i = 0; i < gh_log.n; i++)
-		free(gh_log.msg[i]);
-	gh_log.n = 0;
-	pthread_mutex_unlock(&gh_log.m);
-}
+/* Forget the lines captured so far. */
+void gh_log_clear(void);
 
 /* Capture every line from now on, down to level. */
-static inline void gh_log_capture(int level)
-{
-	gh_log_clear();
-	fst_log_set_callback(gh_log_fn, NULL);
-	fst_log_set_level(level);
-}
+void gh_log_capture(int level);
 
 /* Lines at level (-1: any) containing a and b (NULL: anything). */
-static inline int gh_log_count(int level, const char *a, const char *b)
-{
-	int n = 0;
-	pthread_mutex_lock(&gh_log.m);
-	for (int i = 0; i < gh_log.n; i++)
-		if ((level < 0 || gh_log.level[i] == level) && (!a || strstr(gh_log.msg[i], a)) &&
-		    (!b || strstr(gh_log.msg[i], b)))
-			n++;
-	pthread_mutex_unlock(&gh_log.m);
-	return n;
-}
-
-static inline void gh_log_dump(const char *why)
-{
-	pthread_mutex_lock(&gh_log.m);
-	fprintf(stderr, "log lines (%s):\n", why);
-	for (int i = 0; i < gh_log.n; i++)
-		fprintf(stderr, "  [%d] %s\n", gh_log.level[i], gh_log.msg[i]);
-	pthread_mutex_unlock(&gh_log.m);
-}
+int gh_log_count(int level, const char *a, const char *b);
+/* Print the captured lines to stderr. */
+void gh_log_dump(const char *why);
 
 /* Exactly `want` lines at level containing a and b. */
-static inline void gh_log_expect(int want, int level, const char *a, const char *b)
-{
-	int n = gh_log_count(level, a, b);
-	if (n != want) {
-		gh_log_dump("unexpected count");
-		fail_msg("%d log lines at level %d with \"%s\" and \"%s\", expected %d", n, level,
-			 a ? a : "", b ? b : "", want);
-	}
-}
+void gh_log_expect(int want, int level, const char *a, const char *b);
 
 /* ---- resources: what is live between loads */
 
@@ -180,207 +75,93 @@ typedef struct gh_base {
 	int fds;
 } gh_base;
 
-static inline gh_base gh_snapshot(void)
-{
-	fst_trim();
-	gh_base b = {gh.live_handles(), gh.live_bufs(), gh.live_device(), gh.live_host(),
-		     fsti_live_allocations(), gh.misuse(), lh_count_fds()};
-	return b;
-}
+gh_base gh_snapshot(void);
 
 /*
  * Everything is back to what it was: cuFile handles and buffer
  * registrations, device allocations, pinned blocks (after fst_trim),
  * libfst's host allocations and descriptors; and the double saw no misuse.
  */
-static inline void gh_assert_back(const gh_base *b, const char *when)
-{
-	gh_base now = gh_snapshot();
-	if (now.bufs != b->bufs) {
-		/*
-		 * src/gds.c: fsti_gds_teardown deregisters the destination only
-		 * while e->buf is set, and fst_loader_finish hands the buffer out
-		 * (e->buf = NULL) before engine_free: after every successful load
-		 * the buffer stays registered with cuFile, and is freed so.
-		 */
-		lh_known_bug("GDS-BUF-STAYS-REGISTERED",
-			     "cuFileBufDeregister is never called after a successful load: the "
-			     "device buffer is freed while registered with cuFile");
-		gh.forget_bufs();
-		now.bufs = gh.live_bufs();
-	}
-	if (now.handles != b->handles || now.bufs != b->bufs || now.device != b->device ||
-	    now.host != b->host || now.allocs != b->allocs || now.fds != b->fds ||
-	    now.misuse != b->misuse)
-		fail_msg("%s: live cuFile handles %ld (was %ld), buffer registrations %ld (%ld), "
-			 "device allocations %ld (%ld), pinned blocks %ld (%ld), libfst allocations "
-			 "%ld (%ld), descriptors %d (%d), cuFile misuse %ld (%ld)",
-			 when, now.handles, b->handles, now.bufs, b->bufs, now.device, b->device,
-			 now.host, b->host, now.allocs, b->allocs, now.fds, b->fds, now.misuse,
-			 b->misuse);
-}
+void gh_assert_back(const gh_base *b, const char *when);
 
 /* ---- options and checks */
 
-static inline fst_load_opts gh_opts(const char *device, int gds, int io, unsigned threads)
-{
-	fst_load_opts o;
-	fst_load_opts_init(&o);
-	o.device = device;
-	o.gds = gds;
-	o.io = io;
-	o.threads = threads;
-	return o;
-}
+fst_load_opts gh_opts(const char *device, int gds, int io, unsigned threads);
 
 /* One view against the file's bytes: device, alignment, size, every byte.
  * No cmocka assertion inside when it passes; fails the test otherwise. */
-static inline void gh_check_view(const fst_checkpoint *ck, const lh_files *fs,
-				 const fst_tensor_view *v, int device_id, uint32_t align)
-{
-	if (v->device_type != FST_DEVICE_CUDA || v->device_id != device_id)
-		fail_msg("%s: on device %d:%d, expected cuda:%d", v->name, v->device_type,
-			 v->device_id, device_id);
-	if ((uintptr_t)v->data % align)
-		fail_msg("%s: device address %p not aligned to %u", v->name, v->data, align);
-	long idx = fst_checkpoint_find(ck, v->name);
-	if (idx < 0)
-		fail_msg("%s: not in the checkpoint", v->name);
-	fst_tensor_info info;
-	const unsigned char *want = lh_expected(ck, fs, (size_t)idx, &info);
-	if (info.nbytes != v->nbytes || info.dtype != v->dtype || info.ndim != v->ndim)
-		fail_msg("%s: size, dtype or rank differ from the file's", v->name);
-	if (!v->nbytes)
-		return;
-	unsigned char *got = malloc((size_t)v->nbytes);
-	fst_error err;
-	if (fst_copy_to_host(v, 0, got, v->nbytes, &err))
-		fail_msg("%s: copy to host: %s", v->name, err.message);
-	lh_assert_bytes(v->name, got, want, v->nbytes);
-	free(got);
-}
+void gh_check_view(const fst_checkpoint *ck, const lh_files *fs, const fst_tensor_view *v,
+		   int device_id, uint32_t align);
 
 /* Every tensor of ckpt is in buf with the file's bytes. */
-static inline void gh_check_buffer(const fst_checkpoint *ck, const lh_files *fs, fst_buffer *buf,
-				   int device_id, uint32_t align)
-{
-	size_t n = fst_checkpoint_tensor_count(ck);
-	assert_int_equal(fst_buffer_tensor_count(buf), n);
-	for (size_t i = 0; i < n; i++) {
-		fst_tensor_info info;
-		assert_int_equal(fst_checkpoint_tensor(ck, i, &info, NULL), 0);
-		long j = fst_buffer_find(buf, info.name);
-		if (j < 0)
-			fail_msg("%s: missing from the buffer", info.name);
-		fst_tensor_view v;
-		assert_int_equal(fst_buffer_tensor(buf, (size_t)j, &v), 0);
-		gh_check_view(ck, fs, &v, device_id, align);
-		fst_view_release(&v);
-	}
-}
-
-static inline int gh_device_id(const char *device)
-{
-	return !strncmp(device, "cuda:", 5) ? atoi(device + 5) : 0;
-}
+void gh_check_buffer(const fst_checkpoint *ck, const lh_files *fs, fst_buffer *buf, int device_id,
+		     uint32_t align);
+/* N of "cuda:N" (0 for "cuda"). */
+int gh_device_id(const char *device);
 
 /* fst_load must succeed with every byte right; returns the buffer's
  * description in desc (desc_size bytes). */
-static inline void gh_load_ok(const fst_checkpoint *ck, const lh_files *fs,
-			      const fst_load_opts *o, char *desc, size_t desc_size)
-{
-	fst_buffer *buf = NULL;
-	fst_error err;
-	int rc = fst_load(ck, o, &buf, &err);
-	if (rc) {
-		gh_log_dump("load failed");
-		fail_msg("load to %s (gds %d, io %d, %u threads) failed: %s", o->device, o->gds,
-			 o->io, o->threads, err.message);
-	}
-	gh_check_buffer(ck, fs, buf, gh_device_id(o->device), o->align ? o->align : 256);
-	if (desc)
-		snprintf(desc, desc_size, "%s", fst_buffer_describe(buf));
-	fst_buffer_release(buf);
-}
+void gh_load_ok(const fst_checkpoint *ck, const lh_files *fs, const fst_load_opts *o, char *desc,
+		size_t desc_size);
 
 /* The streaming form: every tensor is checked the moment it is handed out. */
-static inline void gh_stream_ok(const fst_checkpoint *ck, const lh_files *fs,
-				const fst_load_opts *o)
-{
-	fst_loader *ld = NULL;
-	fst_error err;
-	if (fst_load_start(ck, o, &ld, &err))
-		fail_msg("load_start: %s", err.message);
-	size_t n = fst_checkpoint_tensor_count(ck), seen = 0;
-	fst_tensor_view v;
-	int rc;
-	int id = gh_device_id(o->device);
-	while ((rc = fst_loader_next(ld, &v, &err)) == 1) {
-		gh_check_view(ck, fs, &v, id, o->align ? o->align : 256);
-		fst_view_release(&v);
-		seen++;
-	}
-	if (rc)
-		fail_msg("loader_next: %s", err.message);
-	assert_int_equal(seen, n);
-	fst_buffer *buf = NULL;
-	if (fst_loader_finish(ld, &buf, &err))
-		fail_msg("loader_finish: %s", err.message);
-	gh_check_buffer(ck, fs, buf, id, o->align ? o->align : 256);
-	fst_buffer_release(buf);
-}
+void gh_stream_ok(const fst_checkpoint *ck, const lh_files *fs, const fst_load_opts *o);
 
 /* fst_load must fail with code (and backend_code, unless -1) and a message
  * containing a and b, handing out nothing. */
-static inline void gh_load_fails(const fst_checkpoint *ck, const fst_load_opts *o, int code,
-				 int backend, const char *a, const char *b)
-{
-	fst_buffer *buf = (fst_buffer *)(uintptr_t)1;
-	fst_error err;
-	memset(&err, 0, sizeof err);
-	int rc = fst_load(ck, o, &buf, &err);
-	if (rc != code)
-		fail_msg("load returned %d (%s), expected %d", rc, rc ? err.message : "success",
-			 code);
-	assert_null(buf);
-	assert_int_equal(err.code, code);
-	if (backend >= 0 && err.backend_code != backend)
-		fail_msg("backend code %d, expected %d (%s)", err.backend_code, backend, err.message);
-	if (a)
-		lh_assert_has(err.message, a);
-	if (b)
-		lh_assert_has(err.message, b);
-}
+void gh_load_fails(const fst_checkpoint *ck, const fst_load_opts *o, int code, int backend,
+		   const char *a, const char *b);
 
 /* The same through the streaming form: start fails, or next does (after
  * handing out only correct tensors), and finish hands out nothing. */
-static inline void gh_stream_fails(const fst_checkpoint *ck, const lh_files *fs,
-				   const fst_load_opts *o, int code, const char *a)
-{
-	fst_loader *ld = NULL;
-	fst_error err;
-	int rc = fst_load_start(ck, o, &ld, &err);
-	if (rc) {
-		assert_int_equal(rc, code);
-		assert_null(ld);
-		if (a)
-			lh_assert_has(err.message, a);
-		return;
-	}
-	fst_tensor_view v;
-	int id = gh_device_id(o->device);
-	while ((rc = fst_loader_next(ld, &v, &err)) == 1) {
-		gh_check_view(ck, fs, &v, id, o->align ? o->align : 256);
-		fst_view_release(&v);
-	}
-	if (rc != code)
-		fail_msg("loader_next returned %d, expected %d (%s)", rc, code,
-			 rc ? err.message : "all tensors handed out");
-	if (a)
-		lh_assert_has(err.message, a);
-	fst_buffer *buf = (fst_buffer *)(uintptr_t)1;
-	assert_int_equal(fst_loader_finish(ld, &buf, &err), code);
-	assert_null(buf);
-}
+void gh_stream_fails(const fst_checkpoint *ck, const lh_files *fs, const fst_load_opts *o, int code,
+		     const char *a);
+
+/* ---- checkpoints */
+
+/* Sum of the tensor bytes of file `file`. */
+uint64_t gh_file_bytes(const fst_checkpoint *ck, size_t file);
+/* "/<dir name>/NN.safetensors": how the double's per-path counters find a
+ * shard whatever the real path of the test directory is (4 static buffers,
+ * used in turn). */
+const char *gh_shard_key(const char *name, size_t file);
+/*
+ * The shape that broke the first GDS loader: every shard's data section
+ * starts 8 bytes past a 16-byte boundary (data_align 16, header_extra 8),
+ * and odd-sized U8 tensors come before BF16 ones, so the BF16 tensors sit at
+ * odd file offsets while their destinations are 256-aligned. salt changes
+ * the bytes, not the layout.
+ */
+void gh_write_founding_salted(const char *name, unsigned nfiles, uint64_t seed, uint64_t salt,
+			      lh_ckpt *c);
+void gh_write_founding(const char *name, unsigned nfiles, uint64_t seed, lh_ckpt *c);
+
+/* An open checkpoint and an independent copy of its files. */
+typedef struct gh_fixture {
+	lh_ckpt c;
+	fst_checkpoint *ck;
+	lh_files fs;
+	const char *name;
+} gh_fixture;
+
+/* Open x->c (written already) as name. */
+void gh_fixture_open(gh_fixture *x, const char *name);
+/* Write a founding-shape checkpoint and open it, checking the shape. */
+void gh_founding(gh_fixture *x, const char *name, unsigned nfiles, uint64_t seed);
+/* Close x and remove its directory. */
+void gh_fixture_close(gh_fixture *x);
+void gh_setenv_long(const char *name, long v);
+
+/* ---- the group */
+
+/* Before each test: every switch off, the doubles' delays, log capture. */
+int gh_reset(void **state);
+/* Asks whether io_uring is usable. */
+int gh_group_setup(void **state);
+/* Stop capturing the log; nothing may be left live in either double and the
+ * cuFile double saw no misuse (-1, said on stderr, otherwise). */
+int gh_leftovers(void);
+/* gh_leftovers, as a group teardown. */
+int gh_group_teardown(void **state);
 
 #endif

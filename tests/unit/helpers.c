@@ -1,9 +1,10 @@
-/* helpers.c - temporary files and raw safetensors images for unit tests. */
+/* helpers.c - temporary files, raw safetensors images and small checks for unit tests. */
 #include "helpers.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static char tmpdir[512];
@@ -78,4 +79,25 @@ int open_raw(const char *header, const void *data, size_t dlen, fst_error *err)
 	fst_file_close(f);
 	free(buf);
 	return rc;
+}
+
+void write_text(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+void assert_has(const char *msg, const char *sub)
+{
+	if (!strstr(msg, sub))
+		fail_msg("message \"%s\" lacks \"%s\"", msg, sub);
+}
+
+double test_now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }

@@ -1,4 +1,4 @@
-/* helpers.h - shared by the cmocka unit tests. */
+/* helpers.h - shared by the cmocka unit tests (helpers.c, in fst_testlib). */
 #ifndef FST_TEST_HELPERS_H
 #define FST_TEST_HELPERS_H
 
@@ -18,5 +18,11 @@ char *test_path(const char *name);
 void write_raw(const char *path, const char *header, size_t hlen, const void *data, size_t dlen);
 /* Open header+data from memory; returns the status and fills err. */
 int open_raw(const char *header, const void *data, size_t dlen, fst_error *err);
+/* Write text to path (a test failure if it cannot be opened). */
+void write_text(const char *path, const char *text);
+/* Fail the test unless msg contains sub. */
+void assert_has(const char *msg, const char *sub);
+/* Seconds on the monotonic clock. */
+double test_now_s(void);
 
 #endif

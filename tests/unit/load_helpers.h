@@ -1,8 +1,11 @@
 /*
- * load_helpers.h - shared by the loading tests (test_plan, test_engine,
- * test_engine_faults): a seeded generator of random checkpoints written with
- * fst_writer, an independent reader of file bytes, and resource counters.
- * Header-only (static inline) so the tests' CMake glob needs no change.
+ * load_helpers.h - shared by the loading tests (test_plan, test_engine_*,
+ * test_stress, test_cuda_*, test_gds_*, ...): a seeded generator of random
+ * checkpoints written with fst_writer, an independent reader of file bytes,
+ * filters, a recorder of on_landed calls, resource counters and checked CPU
+ * loads. The bodies are in load_helpers.c, load_landed.c and load_checks.c,
+ * built into fst_testlib; only the generator's hot inner steps stay inline
+ * here.
  */
 #ifndef FST_TEST_LOAD_HELPERS_H
 #define FST_TEST_LOAD_HELPERS_H
@@ -14,7 +17,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,11 +62,7 @@ typedef struct lh_shape {
 	bool allow_empty_files;  /* a shard may hold no tensor at all */
 } lh_shape;
 
-static inline lh_shape lh_default_shape(void)
-{
-	lh_shape s = {4, 12, 200000, 10, 12, true};
-	return s;
-}
+lh_shape lh_default_shape(void);
 
 struct lh_fill_ctx {
 	uint64_t key;
@@ -72,50 +70,10 @@ struct lh_fill_ctx {
 
 /* Tensor bytes: a function of the tensor's key and the position, so no two
  * tensors (and no two 8-byte words of one) look alike. */
-static inline int lh_fill(void *ctx, void *buf, uint64_t off, size_t len)
-{
-	const struct lh_fill_ctx *c = ctx;
-	unsigned char *p = buf;
-	for (size_t i = 0; i < len; i++) {
-		uint64_t pos = off + i;
-		p[i] = (unsigned char)(lh_mix(c->key ^ (pos >> 3) * 0x100000001b3ull) >>
-				       (8 * (pos & 7)));
-	}
-	return 0;
-}
+int lh_fill(void *ctx, void *buf, uint64_t off, size_t len);
 
 /* Pick a dtype and shape with about `bytes` bytes (exactly, for U8). */
-static inline void lh_pick_type(lh_rng *r, uint64_t bytes, fst_dtype *dt, uint32_t *ndim,
-				uint64_t shape[4])
-{
-	switch (lh_below(r, 6)) {
-	case 0: /* BF16 matrix */
-		*dt = FST_DTYPE_BF16;
-		*ndim = 2;
-		shape[0] = 1 + lh_below(r, 8);
-		shape[1] = bytes / 2 / shape[0];
-		break;
-	case 1: /* F32 vector */
-		*dt = FST_DTYPE_F32;
-		*ndim = 1;
-		shape[0] = bytes / 4;
-		break;
-	case 2: /* a scalar */
-		*dt = bytes & 1 ? FST_DTYPE_F64 : FST_DTYPE_I16;
-		*ndim = 0;
-		break;
-	case 3: /* F4: two elements a byte */
-		*dt = FST_DTYPE_F4;
-		*ndim = 1;
-		shape[0] = bytes * 2;
-		break;
-	default: /* U8 of any (odd) size */
-		*dt = FST_DTYPE_U8;
-		*ndim = 1;
-		shape[0] = bytes;
-		break;
-	}
-}
+void lh_pick_type(lh_rng *r, uint64_t bytes, fst_dtype *dt, uint32_t *ndim, uint64_t shape[4]);
 
 typedef struct lh_ckpt {
 	char dir[600];   /* the checkpoint's directory */
@@ -125,28 +83,8 @@ typedef struct lh_ckpt {
 	uint64_t total_bytes;
 } lh_ckpt;
 
-static inline void lh_rmdir(const char *dir)
-{
-	DIR *d = opendir(dir);
-	if (!d)
-		return;
-	struct dirent *e;
-	size_t dl = strlen(dir);
-	while ((e = readdir(d))) {
-		if (e->d_name[0] == '.')
-			continue;
-		size_t nl = strlen(e->d_name);
-		char *p = malloc(dl + nl + 2);
-		memcpy(p, dir, dl);
-		p[dl] = '/';
-		memcpy(p + dl + 1, e->d_name, nl + 1);
-		if (unlink(p))
-			lh_rmdir(p);
-		free(p);
-	}
-	closedir(d);
-	rmdir(dir);
-}
+/* Remove a directory and everything in it. */
+void lh_rmdir(const char *dir);
 
 /*
  * Write a random checkpoint into a fresh directory test_tmpdir()/name:
@@ -154,79 +92,9 @@ static inline void lh_rmdir(const char *dir)
  * sub-byte dtypes), random data alignment and header padding. Tensor names
  * are "fF.tT" (F the shard, T the tensor in that shard).
  */
-static inline void lh_write_random(const char *name, uint64_t seed, const lh_shape *sh,
-				   lh_ckpt *ck)
-{
-	lh_rng r = {seed};
-	memset(ck, 0, sizeof *ck);
-	snprintf(ck->dir, sizeof ck->dir, "%s/%s", test_tmpdir(), name);
-	lh_rmdir(ck->dir);
-	if (mkdir(ck->dir, 0755))
-		fail_msg("mkdir %s: %s", ck->dir, strerror(errno));
-	ck->nfiles = 1 + (unsigned)lh_below(&r, sh->max_files);
-	char file[700] = "";
-	for (unsigned f = 0; f < ck->nfiles; f++) {
-		fst_writer_opts wo;
-		fst_writer_opts_init(&wo);
-		static const uint32_t aligns[] = {8, 8, 16, 64, 4096};
-		wo.data_align = aligns[lh_below(&r, 5)];
-		wo.header_extra = 8 * (uint32_t)lh_below(&r, 4);
-		fst_writer *w;
-		fst_error err;
-		if (fst_writer_new(&wo, &w, &err))
-			fail_msg("writer: %s", err.message);
-		unsigned nt = (unsigned)lh_below(&r, sh->max_tensors + 1);
-		if (!nt && !sh->allow_empty_files)
-			nt = 1;
-		struct lh_fill_ctx *ctxs = calloc(nt + 1, sizeof *ctxs);
-		for (unsigned t = 0; t < nt; t++) {
-			uint64_t bytes;
-			unsigned dice = (unsigned)lh_below(&r, 100);
-			if (dice < sh->empty_percent)
-				bytes = 0;
-			else if (dice < sh->empty_percent + sh->big_percent)
-				bytes = 1 + lh_below(&r, sh->max_big);
-			else if (dice < 60)
-				bytes = 1 + lh_below(&r, 300);
-			else
-				bytes = 1 + lh_below(&r, 20000);
-			fst_dtype dt;
-			uint32_t ndim = 0;
-			uint64_t shape[4] = {0};
-			lh_pick_type(&r, bytes, &dt, &ndim, shape);
-			if (!bytes && ndim == 0) {
-				dt = FST_DTYPE_U8;
-				ndim = 1;
-				shape[0] = 0;
-			}
-			char tname[64];
-			snprintf(tname, sizeof tname, "f%u.t%u", f, t);
-			ctxs[t].key = lh_mix(seed * 1000003u + f * 1009u + t);
-			if (fst_writer_add_fill(w, tname, dt, ndim, shape, lh_fill, &ctxs[t], &err))
-				fail_msg("add %s: %s", tname, err.message);
-			ck->ntensors++;
-		}
-		snprintf(file, sizeof file, "%s/%02u.safetensors", ck->dir, f);
-		if (fst_writer_finish(w, file, &err))
-			fail_msg("finish %s: %s", file, err.message);
-		fst_writer_free(w);
-		free(ctxs);
-	}
-	/* a single shard is sometimes opened as the file itself */
-	if (ck->nfiles == 1 && lh_below(&r, 2))
-		snprintf(ck->path, sizeof ck->path, "%s", file);
-	else
-		snprintf(ck->path, sizeof ck->path, "%s", ck->dir);
-}
-
-static inline fst_checkpoint *lh_open(const char *path)
-{
-	fst_checkpoint *ck = NULL;
-	fst_error err;
-	if (fst_checkpoint_open(path, &ck, &err))
-		fail_msg("open %s: %s", path, err.message);
-	return ck;
-}
+void lh_write_random(const char *name, uint64_t seed, const lh_shape *sh, lh_ckpt *ck);
+/* fst_checkpoint_open, failing the test on an error. */
+fst_checkpoint *lh_open(const char *path);
 
 /* ---- an independent copy of every file, read with plain read(2) */
 
@@ -236,69 +104,18 @@ typedef struct lh_files {
 	uint64_t *size;
 } lh_files;
 
-static inline unsigned char *lh_slurp(const char *path, uint64_t *size)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		fail_msg("open %s: %s", path, strerror(errno));
-	struct stat st;
-	if (fstat(fd, &st))
-		fail_msg("stat %s: %s", path, strerror(errno));
-	unsigned char *b = malloc((size_t)st.st_size + 1);
-	uint64_t done = 0;
-	while (done < (uint64_t)st.st_size) {
-		ssize_t n = read(fd, b + done, (size_t)st.st_size - done);
-		if (n <= 0)
-			fail_msg("read %s: %s", path, n ? strerror(errno) : "end of file");
-		done += (uint64_t)n;
-	}
-	close(fd);
-	*size = (uint64_t)st.st_size;
-	return b;
-}
-
-static inline void lh_files_read(const fst_checkpoint *ck, lh_files *fs)
-{
-	fs->n = fst_checkpoint_file_count(ck);
-	fs->bytes = calloc(fs->n + 1, sizeof *fs->bytes);
-	fs->size = calloc(fs->n + 1, sizeof *fs->size);
-	for (size_t i = 0; i < fs->n; i++)
-		fs->bytes[i] = lh_slurp(fst_file_path(fst_checkpoint_file(ck, i)), &fs->size[i]);
-}
-
-static inline void lh_files_free(lh_files *fs)
-{
-	for (size_t i = 0; i < fs->n; i++)
-		free(fs->bytes[i]);
-	free(fs->bytes);
-	free(fs->size);
-	memset(fs, 0, sizeof *fs);
-}
+/* A whole file, read with read(2) (malloc'd; *size its length). */
+unsigned char *lh_slurp(const char *path, uint64_t *size);
+/* Every file of ck, in checkpoint order; lh_files_free frees them. */
+void lh_files_read(const fst_checkpoint *ck, lh_files *fs);
+void lh_files_free(lh_files *fs);
 
 /* The file bytes of checkpoint tensor i. */
-static inline const unsigned char *lh_expected(const fst_checkpoint *ck, const lh_files *fs,
-					       size_t i, fst_tensor_info *info)
-{
-	size_t file;
-	assert_int_equal(fst_checkpoint_tensor(ck, i, info, &file), 0);
-	assert_true(file < fs->n);
-	assert_true(info->file_offset + info->nbytes <= fs->size[file]);
-	return fs->bytes[file] + info->file_offset;
-}
+const unsigned char *lh_expected(const fst_checkpoint *ck, const lh_files *fs, size_t i,
+				 fst_tensor_info *info);
 
 /* Compare n bytes; on a difference, fail naming the tensor and byte. */
-static inline void lh_assert_bytes(const char *what, const void *got, const void *want,
-				   uint64_t n)
-{
-	if (!n || !memcmp(got, want, (size_t)n))
-		return;
-	const unsigned char *g = got, *w = want;
-	uint64_t k = 0;
-	while (g[k] == w[k])
-		k++;
-	fail_msg("%s: byte %" PRIu64 " of %" PRIu64 " differs: loaded 0x%02x, file 0x%02x", what,
-		 k, n, g[k], w[k]);
-}
+void lh_assert_bytes(const char *what, const void *got, const void *want, uint64_t n);
 
 /* ---- filters */
 
@@ -309,33 +126,14 @@ typedef struct lh_filter {
 	unsigned calls;
 } lh_filter;
 
-static inline uint64_t lh_hash_name(const char *s)
-{
-	uint64_t h = 1469598103934665603ull;
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ull;
-	return h;
-}
-
-static inline bool lh_keeps(const lh_filter *f, const char *name)
-{
-	return lh_mix(lh_hash_name(name) ^ f->seed) % 100 < f->percent;
-}
-
-static inline int lh_filter_fn(void *ctx, const char *name)
-{
-	lh_filter *f = ctx;
-	f->calls++;
-	return lh_keeps(f, name);
-}
+uint64_t lh_hash_name(const char *s);
+bool lh_keeps(const lh_filter *f, const char *name);
+int lh_filter_fn(void *ctx, const char *name);
 
 /* ---- on_landed: a recorder of every reported piece */
 
 /* The block size a load uses for landed_block as given (0: the default). */
-static inline uint64_t lh_block_of(uint64_t landed_block)
-{
-	return landed_block ? landed_block : 256u << 10;
-}
+uint64_t lh_block_of(uint64_t landed_block);
 
 /*
  * The rules of fst_load_opts.on_landed, checked as pieces arrive (from any
@@ -367,213 +165,75 @@ typedef struct lh_landed {
 } lh_landed;
 
 /* bytes[f]: an independent copy of checkpoint file f. flt NULL: all tensors. */
-static inline void lh_landed_init(lh_landed *l, const fst_checkpoint *ck,
-				  unsigned char *const *bytes, const lh_filter *flt,
-				  uint64_t block, bool whole_blocks)
-{
-	memset(l, 0, sizeof *l);
-	pthread_mutex_init(&l->lock, NULL);
-	l->n = fst_checkpoint_tensor_count(ck);
-	l->want = calloc(l->n + 1, sizeof *l->want);
-	l->nbytes = calloc(l->n + 1, sizeof *l->nbytes);
-	l->selected = calloc(l->n + 1, sizeof *l->selected);
-	l->cov = calloc(l->n + 1, sizeof *l->cov);
-	l->reported = calloc(l->n + 1, sizeof *l->reported);
-	l->names = calloc(l->n + 1, sizeof *l->names);
-	l->block = block;
-	l->whole_blocks = whole_blocks;
-	l->failed_tensor = SIZE_MAX;
-	for (size_t i = 0; i < l->n; i++) {
-		fst_tensor_info info;
-		size_t file;
-		assert_int_equal(fst_checkpoint_tensor(ck, i, &info, &file), 0);
-		l->want[i] = bytes[file] + info.file_offset;
-		l->nbytes[i] = info.nbytes;
-		l->selected[i] = !flt || lh_keeps(flt, info.name);
-		l->names[i] = strdup(info.name);
-		if (l->selected[i])
-			l->cov[i] = calloc(info.nbytes + 1, 1);
-	}
-}
-
-static inline void lh_landed_free(lh_landed *l)
-{
-	for (size_t i = 0; i < l->n; i++) {
-		free(l->cov[i]);
-		free(l->names[i]);
-	}
-	free(l->want);
-	free(l->nbytes);
-	free(l->selected);
-	free(l->cov);
-	free(l->reported);
-	free(l->names);
-	pthread_mutex_destroy(&l->lock);
-	memset(l, 0, sizeof *l);
-}
-
-static inline void lh_landed_problem(lh_landed *l, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static inline void lh_landed_problem(lh_landed *l, const char *fmt, ...)
-{
-	if (l->problem[0])
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(l->problem, sizeof l->problem, fmt, ap);
-	va_end(ap);
-}
-
-static inline int lh_on_landed(void *ctx, size_t tensor, uint64_t offset, const void *bytes,
-			       uint64_t len)
-{
-	lh_landed *l = ctx;
-	pthread_mutex_lock(&l->lock);
-	unsigned long k = ++l->calls;
-	pthread_mutex_unlock(&l->lock);
-	if (l->sleep_every && k % l->sleep_every == 0)
-		usleep(200);
-	pthread_mutex_lock(&l->lock);
-	const uint64_t b = lh_block_of(l->block);
-	if (tensor >= l->n || !l->selected[tensor]) {
-		lh_landed_problem(l, "call %lu: tensor %zu %s", k, tensor,
-				  tensor >= l->n ? "out of range" : "not selected");
-	} else if (!len || !bytes) {
-		lh_landed_problem(l, "call %lu: tensor %s: empty piece at byte %" PRIu64, k,
-				  l->names[tensor], offset);
-	} else if (offset > l->nbytes[tensor] || len > l->nbytes[tensor] - offset) {
-		lh_landed_problem(l, "call %lu: tensor %s: [%" PRIu64 ", +%" PRIu64
-				     ") past its %" PRIu64 " bytes",
-				  k, l->names[tensor], offset, len, l->nbytes[tensor]);
-	} else if (offset / b != (offset + len - 1) / b) {
-		lh_landed_problem(l, "call %lu: tensor %s: [%" PRIu64 ", +%" PRIu64
-				     ") crosses a multiple of the block %" PRIu64,
-				  k, l->names[tensor], offset, len, b);
-	} else if (l->whole_blocks &&
-		   (offset % b || len != (l->nbytes[tensor] - offset < b
-					     ? l->nbytes[tensor] - offset : b))) {
-		lh_landed_problem(l, "call %lu: tensor %s: [%" PRIu64 ", +%" PRIu64
-				     ") is not a whole block of %" PRIu64 " (%" PRIu64 " bytes)",
-				  k, l->names[tensor], offset, len, b, l->nbytes[tensor]);
-	} else {
-		const unsigned char *got = bytes, *want = l->want[tensor] + offset;
-		unsigned char *cov = l->cov[tensor] + offset;
-		for (uint64_t i = 0; i < len; i++) {
-			if (cov[i]++) {
-				lh_landed_problem(l, "call %lu: tensor %s: byte %" PRIu64
-						     " reported twice",
-						  k, l->names[tensor], offset + i);
-				break;
-			}
-			if (got[i] != want[i]) {
-				lh_landed_problem(l, "call %lu: tensor %s: byte %" PRIu64
-						     " reported as 0x%02x, the file has 0x%02x",
-						  k, l->names[tensor], offset + i, got[i], want[i]);
-				break;
-			}
-		}
-		l->reported[tensor] += len;
-	}
-	int rc = 0;
-	if (l->fail_at && k == l->fail_at) {
-		l->failed_tensor = tensor;
-		rc = l->fail_rc;
-	}
-	pthread_mutex_unlock(&l->lock);
-	return rc;
-}
+void lh_landed_init(lh_landed *l, const fst_checkpoint *ck, unsigned char *const *bytes,
+		    const lh_filter *flt, uint64_t block, bool whole_blocks);
+void lh_landed_free(lh_landed *l);
+/* The callback: fst_load_opts.on_landed with on_landed_ctx an lh_landed. */
+int lh_on_landed(void *ctx, size_t tensor, uint64_t offset, const void *bytes, uint64_t len);
 
 /* Every byte of tensor i reported (once: the callback checks that). */
-static inline bool lh_landed_complete(lh_landed *l, size_t i)
-{
-	pthread_mutex_lock(&l->lock);
-	bool done = l->reported[i] == l->nbytes[i];
-	pthread_mutex_unlock(&l->lock);
-	return done;
-}
+bool lh_landed_complete(lh_landed *l, size_t i);
 
 /* After a load that succeeded: no rule broken, and every byte of every
  * selected tensor reported exactly once (none of the others). */
-static inline void lh_landed_check(lh_landed *l, const char *ctx)
-{
-	if (l->problem[0])
-		fail_msg("%s: on_landed: %s", ctx, l->problem);
-	for (size_t i = 0; i < l->n; i++) {
-		uint64_t want = l->selected[i] ? l->nbytes[i] : 0;
-		if (l->reported[i] != want)
-			fail_msg("%s: on_landed: tensor %s: %" PRIu64 " bytes reported, %" PRIu64
-				 " expected",
-				 ctx, l->names[i], l->reported[i], want);
-		for (uint64_t k = 0; l->selected[i] && k < l->nbytes[i]; k++)
-			if (l->cov[i][k] != 1)
-				fail_msg("%s: on_landed: tensor %s: byte %" PRIu64
-					 " reported %u times",
-					 ctx, l->names[i], k, l->cov[i][k]);
-	}
-}
-
-/* ---- resources */
-
-static inline int lh_count_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	if (!d)
-		return -1;
-	int n = 0;
-	struct dirent *e;
-	while ((e = readdir(d)))
-		if (e->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n;
-}
-
-static inline void lh_assert_has(const char *msg, const char *sub)
-{
-	if (!strstr(msg, sub))
-		fail_msg("message \"%s\" lacks \"%s\"", msg, sub);
-}
+void lh_landed_check(lh_landed *l, const char *ctx);
 
 /* After a load whose on_landed l failed (fail_at, fail_rc), with o's
  * callback set to it: the load returned want with no buffer, its message
  * names the failing call's tensor and on_landed, and what was reported
  * before broke no rule. Frees l and clears o's callback. */
-static inline void lh_landed_check_failed(lh_landed *l, fst_load_opts *o, int rc, int want,
-					  const fst_error *err, const fst_buffer *buf,
-					  const char *ctx)
-{
-	if (rc != want)
-		fail_msg("%s: %d (%s), expected %d", ctx, rc, err->message, want);
-	assert_int_equal(err->code, want);
-	assert_null(buf);
-	if (l->failed_tensor >= l->n)
-		fail_msg("%s: the failing call was never made", ctx);
-	char needle[96];
-	snprintf(needle, sizeof needle, "tensor \"%s\"", l->names[l->failed_tensor]);
-	lh_assert_has(err->message, needle);
-	lh_assert_has(err->message, "on_landed");
-	if (l->problem[0])
-		fail_msg("%s: %s", ctx, l->problem);
-	lh_landed_free(l);
-	o->on_landed = NULL;
-	o->on_landed_ctx = NULL;
-}
+void lh_landed_check_failed(lh_landed *l, fst_load_opts *o, int rc, int want,
+			    const fst_error *err, const fst_buffer *buf, const char *ctx);
+
+/* ---- resources */
+
+/* Open descriptors of this process (-1 without /proc). */
+int lh_count_fds(void);
 
 /*
  * A regression of a bug these tests found and that has been fixed: always
  * a failure, named so the history (docs/testing.md) can be found.
  */
-static inline void lh_known_bug(const char *id, const char *detail)
-{
-	fail_msg("regression %s: %s", id, detail);
-}
+void lh_known_bug(const char *id, const char *detail);
+
+/* ---- CPU loads checked (load_checks.c) */
+
+/* One view against checkpoint tensor `entry`: name, dtype, shape, size, the
+ * CPU, alignment (unless mapped) and every byte. */
+void lh_check_view(const fst_checkpoint *ck, const lh_files *fs, size_t entry,
+		   const fst_tensor_view *v, uint32_t align, bool mapped, const char *ctx);
+/* A whole buffer loaded with o: the tensors flt selects (NULL: all), in
+ * checkpoint order, inside the one allocation and disjoint; counts, sizes,
+ * fst_buffer_find and describe. */
+void lh_check_buffer(const fst_checkpoint *ck, const lh_files *fs, fst_buffer *buf,
+		     const fst_load_opts *o, const lh_filter *flt, const char *ctx);
+/* The streaming form: each view checked the moment it is handed out, each
+ * selected tensor exactly once; some views released before finish, the
+ * others checked again after it. Returns the buffer from finish. */
+fst_buffer *lh_load_streaming(const fst_checkpoint *ck, const lh_files *fs,
+			      const fst_load_opts *o, const lh_filter *flt, const char *ctx);
+/* fst_load and fst_load_start both refuse o with code and a message
+ * containing needle, handing out nothing and leaving nothing allocated. */
+void lh_expect_usage(const fst_checkpoint *ck, const fst_load_opts *o, int code,
+		     const char *needle);
+/* One shard of 96 BF16 tensors of 96 KiB (9 MiB), written once a process;
+ * for cancelling and progress. */
+const char *lh_big_path(void);
+
+/* ---- the rest */
+
+/* "pread", "uring", "mmap" or "auto". */
+const char *lh_io_name(int io);
+
+/* Does this kernel allow io_uring? A small CPU load says, once a process:
+ * 1 yes, 0 no (FST_EUNSUPPORTED; a line on stderr says the uring cases are
+ * skipped), -1 the load failed otherwise (said on stderr). For group set-ups;
+ * lh_uring_usable fails the test on -1. */
+int lh_uring_probe(void);
+bool lh_uring_usable(void);
 
 /* Seed of a test run: FST_TEST_SEED when set (to replay a failure), else
  * a fixed one so runs are reproducible. */
-static inline uint64_t lh_base_seed(void)
-{
-	const char *s = getenv("FST_TEST_SEED");
-	return s && *s ? strtoull(s, NULL, 0) : 20240611u;
-}
+uint64_t lh_base_seed(void);
 
 #endif

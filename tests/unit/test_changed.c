@@ -16,11 +16,6 @@
 #define NT 16
 #define TBYTES (256u << 10)
 
-static const char *io_name(int io)
-{
-	return io == FST_IO_PREAD ? "pread" : io == FST_IO_URING ? "uring" : "mmap";
-}
-
 /* NT tensors of TBYTES each in one file; its bytes are returned. */
 static unsigned char *make_file(const char *name, char *path, size_t size, uint64_t *len)
 {
@@ -127,10 +122,10 @@ static void test_after_open(void **state)
 		fst_error err;
 		int rc = fst_load(ck, &o, &buf, &err);
 		if (rc != FST_ECHANGED)
-			fail_msg("io=%s: %d: %s", io_name(io), rc, err.message);
+			fail_msg("io=%s: %d: %s", lh_io_name(io), rc, err.message);
 		assert_null(buf);
-		lh_assert_has(err.message, path);
-		lh_assert_has(err.message, "status change time");
+		assert_has(err.message, path);
+		assert_has(err.message, "status change time");
 		fst_checkpoint_close(ck);
 	}
 	free(orig);
@@ -177,11 +172,11 @@ static void test_during_load(void **state)
 			long allocs = fsti_live_allocations();
 			int rc = fst_load(ck, &o, &buf, &err);
 			if (rc != FST_ECHANGED)
-				fail_msg("io=%s where=%d: %d: %s", io_name(io), where, rc,
+				fail_msg("io=%s where=%d: %d: %s", lh_io_name(io), where, rc,
 					 err.message);
 			assert_null(buf);
 			assert_true(atomic_load(&h.calls) > 0);
-			lh_assert_has(err.message, "during the load");
+			assert_has(err.message, "during the load");
 			assert_int_equal(fsti_live_allocations(), allocs);
 			fst_checkpoint_close(ck);
 		}
@@ -220,8 +215,8 @@ static void test_streamed(void **state)
 		overwrite_keep_mtime(path, orig, len - 10, 10);
 		int rc = fst_loader_next(ld, &v, &err);
 		if (rc != FST_ECHANGED)
-			fail_msg("io=%s: next after the change: %d: %s", io_name(io), rc, err.message);
-		lh_assert_has(err.message, path);
+			fail_msg("io=%s: next after the change: %d: %s", lh_io_name(io), rc, err.message);
+		assert_has(err.message, path);
 		assert_int_equal(fst_loader_next(ld, &v, &err), FST_ECHANGED);
 		fst_buffer *buf = NULL;
 		assert_int_equal(fst_loader_finish(ld, &buf, &err), FST_ECHANGED);
@@ -308,7 +303,7 @@ static void test_race(void **state)
 					assert_null(buf);
 					changed++;
 				} else {
-					fail_msg("io=%s streamed=%d round %u: %d: %s", io_name(io),
+					fail_msg("io=%s streamed=%d round %u: %d: %s", lh_io_name(io),
 						 streamed, round, rc, err.message);
 				}
 				fst_buffer_release(buf);

@@ -16,12 +16,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void assert_has(const char *msg, const char *sub)
-{
-	if (!strstr(msg, sub))
-		fail_msg("message \"%s\" lacks \"%s\"", msg, sub);
-}
-
 /* A fresh directory for one test; returns a static buffer. */
 static const char *make_dir(const char *name)
 {
@@ -58,14 +52,6 @@ static void write_shard(const char *path, const char *const *names)
 	if (fst_writer_finish(w, path, &err))
 		fail_msg("finish: %s", err.message);
 	fst_writer_free(w);
-}
-
-static void write_text(const char *path, const char *text)
-{
-	FILE *f = fopen(path, "w");
-	assert_non_null(f);
-	fputs(text, f);
-	fclose(f);
 }
 
 /* Two shards and their index in dir: a,b in model-00001, c,d,e in 00002. */

@@ -103,12 +103,6 @@ static bool names_a_file(const char *msg)
 	return false;
 }
 
-static const char *io_name(int io)
-{
-	static const char *names[] = {"auto", "pread", "uring", "mmap"};
-	return io >= 0 && io < 4 ? names[io] : "?";
-}
-
 /* Read the files through, so io=auto finds them cached and picks pread. */
 static void warm(const fst_checkpoint *ck)
 {
@@ -141,7 +135,7 @@ static int fault_loop(const struct site_case *sc, unsigned threads)
 	char ctx[200];
 	for (int n = 1;; n++) {
 		snprintf(ctx, sizeof ctx, "FST_FAULT=%s:%d%s io=%s threads=%u", sc->spec_site, n,
-			 sc->suffix, io_name(sc->io), threads);
+			 sc->suffix, lh_io_name(sc->io), threads);
 		if (n > 5000)
 			fail_msg("%s: the load never succeeds", ctx);
 		long allocs = fsti_live_allocations();
@@ -239,11 +233,11 @@ static void run_cases(const struct site_case *cases, size_t n)
 			int want = min_failures(cases[i].min, threads);
 			if (failures < want)
 				fail_msg("site %s io=%s threads=%u: %d calls failed, at least %d should",
-					 cases[i].spec_site, io_name(cases[i].io), threads, failures,
+					 cases[i].spec_site, lh_io_name(cases[i].io), threads, failures,
 					 want);
 			if (cases[i].min == EVERY_CHUNK && failures != want)
 				fail_msg("site %s io=%s threads=%u: %d reads for %d chunks",
-					 cases[i].spec_site, io_name(cases[i].io), threads, failures,
+					 cases[i].spec_site, lh_io_name(cases[i].io), threads, failures,
 					 want);
 		}
 }
@@ -378,7 +372,7 @@ static void test_persistent(void **state)
 				fail_msg("%s threads=%u: %d: %s", cases[i].spec, threads, rc,
 					 err.message);
 			assert_null(buf);
-			lh_assert_has(err.message, cases[i].needle);
+			assert_has(err.message, cases[i].needle);
 			assert_int_equal(fsti_live_allocations(), allocs);
 			assert_int_equal(lh_count_fds(), fds);
 		}
@@ -397,7 +391,7 @@ static void test_persistent(void **state)
 	while ((rc = fst_loader_next(ld, &v, &err)) == 1)
 		fst_view_release(&v); /* only 0-byte tensors can come */
 	assert_int_equal(rc, FST_EIO);
-	lh_assert_has(err.message, "read of");
+	assert_has(err.message, "read of");
 	fst_buffer *buf;
 	assert_int_equal(fst_loader_finish(ld, &buf, &err), FST_EIO);
 	assert_null(buf);
@@ -450,10 +444,10 @@ static void expect_changed(const fst_checkpoint *ck, int io, const char *path, c
 	fst_error err;
 	int rc = fst_load(ck, &o, &buf, &err);
 	if (rc != FST_ECHANGED)
-		fail_msg("io=%s: %s: got %d: %s", io_name(io), what, rc, err.message);
+		fail_msg("io=%s: %s: got %d: %s", lh_io_name(io), what, rc, err.message);
 	assert_null(buf);
-	lh_assert_has(err.message, path);
-	lh_assert_has(err.message, "changed");
+	assert_has(err.message, path);
+	assert_has(err.message, "changed");
 	fst_loader *ld = (fst_loader *)&o;
 	assert_int_equal(fst_load_start(ck, &o, &ld, &err), FST_ECHANGED);
 	assert_null(ld);
@@ -531,10 +525,10 @@ static void test_changed_during_load(void **state)
 			fst_buffer *buf;
 			int rc = fst_loader_finish(ld, &buf, &err);
 			if (rc != FST_ECHANGED)
-				fail_msg("io=%s %s: %d: %s", io_name(io),
+				fail_msg("io=%s %s: %d: %s", lh_io_name(io),
 					 truncate_it ? "truncated" : "touched", rc, err.message);
 			assert_null(buf);
-			lh_assert_has(err.message, lc.path);
+			assert_has(err.message, lc.path);
 			assert_int_equal(fsti_live_allocations(), allocs);
 			assert_int_equal(lh_count_fds(), fds);
 			fst_checkpoint_close(ck);
@@ -591,8 +585,8 @@ static void test_replaced_after_open(void **state)
 		int rc = fst_load(ck, &o, &buf, &err);
 		fst_log_set_callback(NULL, NULL);
 		if (rc)
-			fail_msg("io=%s: %s", io_name(io), err.message);
-		lh_assert_has(cap.text, "names another file");
+			fail_msg("io=%s: %s", lh_io_name(io), err.message);
+		assert_has(cap.text, "names another file");
 		for (size_t i = 0; i < fst_buffer_tensor_count(buf); i++) {
 			fst_tensor_view v;
 			assert_int_equal(fst_buffer_tensor(buf, i, &v), 0);
@@ -600,7 +594,7 @@ static void test_replaced_after_open(void **state)
 			const unsigned char *want = lh_expected(ck, &fs, i, &info);
 			char what[300];
 			snprintf(what, sizeof what, "io=%s, file replaced after open: tensor %s",
-				 io_name(io), info.name);
+				 lh_io_name(io), info.name);
 			lh_assert_bytes(what, v.data, want, info.nbytes);
 			fst_view_release(&v);
 		}
@@ -628,8 +622,8 @@ static void test_shard_is_a_directory(void **state)
 	assert_true(rc < 0);
 	assert_int_equal(err.code, rc);
 	assert_null(ck);
-	lh_assert_has(err.message, sub);
-	lh_assert_has(err.message, "directory");
+	assert_has(err.message, sub);
+	assert_has(err.message, "directory");
 	assert_int_equal(fsti_live_allocations(), allocs);
 	assert_int_equal(lh_count_fds(), fds);
 }
@@ -653,8 +647,8 @@ static void test_unreadable_shard(void **state)
 	chmod(p, 0644);
 	assert_int_equal(rc, FST_EIO);
 	assert_null(ck);
-	lh_assert_has(err.message, p);
-	lh_assert_has(err.message, "Permission denied");
+	assert_has(err.message, p);
+	assert_has(err.message, "Permission denied");
 }
 
 int main(void)

@@ -40,14 +40,6 @@ static void write_file(const char *path, const char *const *names, int with_meta
 	fst_writer_free(w);
 }
 
-static void write_text(const char *path, const char *text)
-{
-	FILE *f = fopen(path, "w");
-	assert_non_null(f);
-	fputs(text, f);
-	fclose(f);
-}
-
 static int setup(void **state)
 {
 	(void)state;

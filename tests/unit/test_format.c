@@ -16,14 +16,6 @@
 /* Name open_bytes gives its memory files, so messages can be checked for it. */
 #define MEMNAME "t.safetensors"
 
-/* Fails the test showing the whole message, which is what one needs to see
- * when a substring is missing. */
-static void assert_has(const char *msg, const char *sub)
-{
-	if (!strstr(msg, sub))
-		fail_msg("message \"%s\" lacks \"%s\"", msg, sub);
-}
-
 /* Open raw bytes (length prefix, header, data all given) from memory. */
 static int open_bytes(const void *buf, size_t len, fst_file **out, fst_error *err)
 {

@@ -35,9 +35,9 @@ static void expect_explain(const char *device, int gds, int code, const char *a,
 	assert_int_equal(rc, code);
 	const char *what = rc ? err.message : text;
 	if (a)
-		lh_assert_has(what, a);
+		assert_has(what, a);
 	if (b)
-		lh_assert_has(what, b);
+		assert_has(what, b);
 }
 
 /* fst_gds_probe's report for device ("cuda:N"): usable as expected and the
@@ -49,7 +49,7 @@ static fst_gds_report report(const char *device, int usable, const char *why)
 	if (fst_gds_probe(gh_device_id(device), &r, &err))
 		fail_msg("fst_gds_probe(%s): %s", device, err.message);
 	assert_int_equal(r.usable, usable);
-	lh_assert_has(r.reason, why);
+	assert_has(r.reason, why);
 	return r;
 }
 
@@ -78,8 +78,8 @@ static void check_not_used(const char *device, const char *why, const char *why2
 		gh_log_expect(0, FST_LOG_WARN, NULL, NULL);
 		gh_log_expect(0, FST_LOG_ERROR, NULL, NULL);
 		if (!stream) {
-			lh_assert_has(desc, "GPUDirect Storage not used: ");
-			lh_assert_has(desc, why);
+			assert_has(desc, "GPUDirect Storage not used: ");
+			assert_has(desc, why);
 			if (strstr(desc, "cuFile where registered"))
 				fail_msg("description claims cuFile: %s", desc);
 		}
@@ -116,8 +116,8 @@ static void check_used(const char *device, const char *why)
 		char desc[1200];
 		gh_load_ok(ck, &fs, &o, desc, sizeof desc);
 		assert_true(gh.reads() > r0);
-		lh_assert_has(desc, "cuFile where registered");
-		lh_assert_has(desc, why);
+		assert_has(desc, "cuFile where registered");
+		assert_has(desc, why);
 		gh_log_expect(0, FST_LOG_WARN, NULL, NULL);
 		gh_assert_back(&b, "GDS usable");
 	}
@@ -189,7 +189,7 @@ static void test_gds_off(void **state)
 	fst_load_opts o = gh_opts("cuda:5", FST_GDS_OFF, FST_IO_PREAD, 2);
 	char desc[1200];
 	gh_load_ok(ck, &fs, &o, desc, sizeof desc);
-	lh_assert_has(desc, "gds=off");
+	assert_has(desc, "gds=off");
 	assert_int_equal(gh.reads(), r0);
 	assert_int_equal(gh.handle_registers(), reg0);
 	assert_int_equal(gh.buf_registers(), buf0);
@@ -235,7 +235,7 @@ static void test_gds_try(void **state)
 	gh_load_ok(ck, &fs, &o, desc, sizeof desc);
 	assert_int_equal(gh.driver_opens(), 1);
 	assert_true(gh.reads() > r0);
-	lh_assert_has(desc, "no /dev/nvidia-fs*");
+	assert_has(desc, "no /dev/nvidia-fs*");
 	gh_assert_back(&b, "FST_GDS_TRY=1");
 	unsetenv("FST_GDS_TRY");
 }
@@ -310,20 +310,10 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
 	(void)state;
-	fst_log_set_callback(NULL, NULL);
-	gh_log_clear();
 	lh_files_free(&fs);
 	fst_checkpoint_close(ck);
 	lh_rmdir(ckc.dir);
-	fst_trim();
-	long bad = gh.misuse() + gh.live_handles() + gh.live_device() + gh.live_host();
-	if (bad) {
-		fprintf(stderr, "at the end: cuFile misuse %ld, live handles %ld, device allocations "
-				"%ld, pinned blocks %ld\n",
-			gh.misuse(), gh.live_handles(), gh.live_device(), gh.live_host());
-		return -1;
-	}
-	return 0;
+	return gh_leftovers();
 }
 
 int main(int argc, char **argv)

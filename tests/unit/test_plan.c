@@ -554,17 +554,17 @@ static void test_bad_arguments(void **state)
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		assert_int_equal(fsti_plan_build(ck, NULL, NULL, bad[i], 4096, false, &p, &err),
 				 FST_EUSAGE);
-		lh_assert_has(err.message, "align");
+		assert_has(err.message, "align");
 		assert_null(p.t);
 	}
 	assert_int_equal(fsti_plan_build(ck, NULL, NULL, 8, 0, true, &p, &err), FST_EUSAGE);
-	lh_assert_has(err.message, "chunk");
+	assert_has(err.message, "chunk");
 	bool direct_files[1] = {true};
 	/* a per-file plan needs its files */
 	struct fsti_plan_request req = {.ck = ck, .align = 8, .chunk_bytes = 4096,
 					.mode = FSTI_PLAN_PER_FILE};
 	assert_int_equal(fsti_plan_make(&req, &p, &err), FST_EUSAGE);
-	lh_assert_has(err.message, "per-file");
+	assert_has(err.message, "per-file");
 	/* direct_chunk_bytes 0 is chunk_bytes */
 	struct fsti_plan q;
 	assert_int_equal(plan_mixed(ck, NULL, NULL, 8, 4096, direct_files, 0, 0, &p, &err), 0);
@@ -605,7 +605,7 @@ static void test_out_of_memory(void **state)
 			break;
 		}
 		assert_int_equal(rc, FST_ENOMEM);
-		lh_assert_has(err.message, "out of memory");
+		assert_has(err.message, "out of memory");
 		assert_null(p.t);
 		assert_null(p.c);
 		assert_int_equal(fsti_live_allocations(), base);

@@ -230,13 +230,6 @@ static int keep_selected(void *ctx, const char *name)
 	return !strncmp(name, "small.", 6) || !strcmp(name, pick);
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* ---- the load, in a child process */
 
 struct result {
@@ -316,9 +309,9 @@ static void child_load(const struct sparse *sp, int io, struct result *r)
 	o.staging_bytes = STAGING;
 	o.filter = keep_selected;
 	fst_buffer *buf = NULL;
-	double t0 = now_s();
+	double t0 = test_now_s();
 	int rc = fst_load(ck, &o, &buf, &err);
-	r->secs = now_s() - t0;
+	r->secs = test_now_s() - t0;
 	fst_checkpoint_close(ck);
 	if (rc)
 		CHILD_FAIL(r, "load: %d %s", rc, err.message);
@@ -429,12 +422,12 @@ static void test_sparse_checkpoint(void **state)
 		return;
 	}
 	/* opening validates the whole table without touching the data */
-	double t0 = now_s();
+	double t0 = test_now_s();
 	fst_checkpoint *ck = NULL;
 	fst_error err;
 	if (fst_checkpoint_open(sp.path, &ck, &err))
 		fail_msg("open: %s", err.message);
-	double open_s = now_s() - t0;
+	double open_s = test_now_s() - t0;
 	print_message("%" PRIu64 " bytes (%.1f GiB), header %" PRIu64 " bytes: opened in %.3f s\n",
 		      sp.size, (double)sp.size / GiB, sp.data_off, open_s);
 	assert_true(open_s < 1.0);
@@ -468,10 +461,10 @@ static void test_sparse_checkpoint(void **state)
 			if (filtered)
 				o.filter = keep_selected;
 			char text[1024];
-			t0 = now_s();
+			t0 = test_now_s();
 			if (fst_load_explain(ck, &o, text, sizeof text, &err))
 				fail_msg("explain io=%d: %s", ios[k], err.message);
-			double s = now_s() - t0;
+			double s = test_now_s() - t0;
 			if (!strstr(text, wants[k]))
 				fail_msg("explain io=%d: \"%s\" lacks \"%s\"", ios[k], text, wants[k]);
 			if (s > 1.0)

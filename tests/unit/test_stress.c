@@ -25,16 +25,6 @@
 #define NTHREADS 8
 #define LOADS 50
 
-static const char *io_name(int io)
-{
-	switch (io) {
-	case FST_IO_PREAD: return "pread";
-	case FST_IO_URING: return "uring";
-	case FST_IO_MMAP: return "mmap";
-	default: return "auto";
-	}
-}
-
 /* What every thread reads and nobody writes once the threads run. */
 struct corpus {
 	lh_ckpt lc[NCKPT];
@@ -372,7 +362,7 @@ static bool one_load(struct worker *w, lh_rng *r)
 	snprintf(w->ctx, sizeof w->ctx,
 		 "checkpoint %zu (%s) io=%s threads=%u chunk=%" PRIu64 " staging=%" PRIu64
 		 " align=%u filter=%u%% mode=%d %s handle",
-		 k, w->c->lc[k].path, io_name(o.io), o.threads, o.chunk_bytes, o.staging_bytes,
+		 k, w->c->lc[k].path, lh_io_name(o.io), o.threads, o.chunk_bytes, o.staging_bytes,
 		 o.align, filtered ? flt.percent : 100, (int)mode, shared ? "shared" : "own");
 	const fst_checkpoint *ck = w->c->ck[k];
 	fst_checkpoint *own = NULL;
@@ -575,7 +565,7 @@ static void test_shared_buffer(void **state)
 		fst_buffer *buf;
 		fst_error err;
 		if (fst_load(ck, &o, &buf, &err))
-			fail_msg("io=%s: %s", io_name(o.io), err.message);
+			fail_msg("io=%s: %s", lh_io_name(o.io), err.message);
 		struct viewer v[NTHREADS];
 		pthread_t th[NTHREADS];
 		for (unsigned i = 0; i < NTHREADS; i++) {
@@ -587,7 +577,7 @@ static void test_shared_buffer(void **state)
 		for (unsigned i = 0; i < NTHREADS; i++) {
 			pthread_join(th[i], NULL);
 			if (v[i].fail[0])
-				fail_msg("io=%s thread %u: %s", io_name(o.io), i, v[i].fail);
+				fail_msg("io=%s thread %u: %s", lh_io_name(o.io), i, v[i].fail);
 		}
 	}
 	lh_files_free(&fs);

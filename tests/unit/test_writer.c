@@ -15,12 +15,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void assert_has(const char *msg, const char *sub)
-{
-	if (!strstr(msg, sub))
-		fail_msg("message \"%s\" lacks \"%s\"", msg, sub);
-}
-
 static bool exists(const char *path)
 {
 	struct stat st;

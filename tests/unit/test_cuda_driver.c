@@ -1,0 +1,149 @@
+/* Description: the CUDA driver as libfst reports and uses it (libcuda
+ * double): fst_cuda_driver (version, device count, library path),
+ * fst_cuda_device_info for each device and out of range, the host-to-device
+ * bandwidth probe and its argument checks, fst_load_explain onto a device
+ * (pread, io_uring, pinned staging; io=mmap refused), and the caller's
+ * current context left as it was by loads to another device, copies back,
+ * device queries and the last release. */
+#include "cuda_helpers.h"
+
+static void test_driver_queries(void **state)
+{
+	(void)state;
+	int version = 0, count = 0;
+	char lib[512];
+	fst_error err;
+	assert_int_equal(fst_cuda_driver(&version, &count, lib, sizeof lib, &err), 0);
+	assert_int_equal(version, 13000);
+	assert_int_equal(count, 2);
+	assert_string_equal(lib, getenv("FST_CUDA_LIBRARY"));
+	assert_int_equal(fst_cuda_driver(NULL, NULL, NULL, 0, &err), 0);
+	for (int d = 0; d < 2; d++) {
+		fst_cuda_device info;
+		assert_int_equal(fst_cuda_device_info(d, &info, &err), 0);
+		char want[64];
+		snprintf(want, sizeof want, "fst test double %d", d);
+		assert_string_equal(info.name, want);
+		assert_int_equal(info.index, d);
+		assert_int_equal(info.total_memory, 16ull << 30);
+		assert_true(info.free_memory <= info.total_memory);
+		assert_int_equal(info.compute_major, 9);
+		assert_int_equal(info.integrated, 0);
+		assert_int_equal(info.gpu_direct_rdma, 1);
+		snprintf(want, sizeof want, "0000:%02x:00.0", 0x3b + d);
+		assert_string_equal(info.pci_bus_id, want);
+	}
+	fst_cuda_device info;
+	assert_int_equal(fst_cuda_device_info(2, &info, &err), FST_EUSAGE);
+	assert_has(err.message, "device 2 out of range (2 devices)");
+	assert_int_equal(fst_cuda_device_info(0, NULL, &err), FST_EUSAGE);
+
+	ch_set_delay("20");
+	long base = fsti_live_allocations();
+	double gbps = 0;
+	assert_int_equal(fst_cuda_h2d_bandwidth(0, 4 * MiB, &gbps, &err), 0);
+	assert_true(gbps > 0);
+	gbps = 0;
+	assert_int_equal(fst_cuda_h2d_bandwidth(1, 40 * MiB, &gbps, &err), 0); /* 3 pieces */
+	assert_true(gbps > 0);
+	assert_int_equal(fst_cuda_h2d_bandwidth(0, 1000, &gbps, &err), FST_EUSAGE);
+	assert_int_equal(fst_cuda_h2d_bandwidth(0, 4 * MiB, NULL, &err), FST_EUSAGE);
+	assert_int_equal(fst_cuda_h2d_bandwidth(7, 4 * MiB, &gbps, &err), FST_EUSAGE);
+	ch_assert_clean("after the bandwidth test", base);
+	ch_set_delay("50");
+}
+
+static void test_explain(void **state)
+{
+	(void)state;
+	ch_ckpt c;
+	ch_write_random("explain", 71, &ch_small_gen, &c);
+	ch_open(&c, c.dir);
+	char text[512];
+	fst_error err;
+	fst_load_opts o;
+	ch_opts(&o, "cuda:1", FST_IO_PREAD, 2, 1 * MiB);
+	assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), 0);
+	assert_has(text, "pread");
+	assert_has(text, "pinned staging");
+	assert_has(text, "2 threads");
+	if (ch_uring_ok) {
+		o.io = FST_IO_URING;
+		assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), 0);
+		assert_has(text, "uring");
+		assert_has(text, "pinned staging");
+	}
+	o.device = "cpu";
+	o.io = FST_IO_PREAD;
+	assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), 0);
+	assert_null(strstr(text, "pinned staging"));
+	/* mmap cannot target a GPU */
+	o.device = "cuda:0";
+	o.io = FST_IO_MMAP;
+	assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), FST_EUSAGE);
+	ch_assert_clean("after explaining", c.host_base);
+	ch_close(&c);
+}
+
+/* The caller's current context is its own: a load to another device, a
+ * copy back, a device query or the last release must not leave the
+ * caller's thread on another device's context (PyTorch reads the current
+ * device from it). Once a bug: libfst made the target's
+ * primary context current on the calling thread and leaves it there
+ * (fixed: public calls give the context back). */
+static void test_caller_context_kept(void **state)
+{
+	(void)state;
+	int (*cuDevicePrimaryCtxRetain)(void **, int) = NULL;
+	int (*cuCtxSetCurrent)(void *) = NULL;
+	int (*cuCtxGetCurrent)(void **) = NULL;
+	*(void **)&cuDevicePrimaryCtxRetain = ch_sym("cuDevicePrimaryCtxRetain");
+	*(void **)&cuCtxSetCurrent = ch_sym("cuCtxSetCurrent");
+	*(void **)&cuCtxGetCurrent = ch_sym("cuCtxGetCurrent");
+	ch_ckpt c;
+	ch_write_random("context", 81, &ch_small_gen, &c);
+	ch_open(&c, c.dir);
+	void *mine = NULL, *now = NULL;
+	assert_int_equal(cuDevicePrimaryCtxRetain(&mine, 0), 0);
+	assert_int_equal(cuCtxSetCurrent(mine), 0);
+	const char *moved = NULL; /* the first call that moved the caller */
+#define KEPT(what)                                                                          \
+	do {                                                                               \
+		assert_int_equal(cuCtxGetCurrent(&now), 0);                                \
+		if (now != mine && !moved)                                                 \
+			moved = what;                                                      \
+		cuCtxSetCurrent(mine);                                                     \
+	} while (0)
+	fst_load_opts o;
+	ch_opts(&o, "cuda:1", FST_IO_PREAD, 2, 1 * MiB);
+	fst_buffer *buf = NULL;
+	fst_error err;
+	if (fst_load(c.ck, &o, &buf, &err))
+		fail_msg("%s", err.message);
+	KEPT("fst_load to cuda:1");
+	ch_assert_buffer(&c, buf, 1);
+	KEPT("fst_copy_to_host from cuda:1");
+	fst_buffer_release(buf);
+	KEPT("releasing a cuda:1 buffer");
+	fst_cuda_device info;
+	assert_int_equal(fst_cuda_device_info(1, &info, &err), 0);
+	KEPT("fst_cuda_device_info(1)");
+#undef KEPT
+	if (moved)
+		fail_msg("%s left the caller's thread on another device's context", moved);
+	ch_assert_clean("after the context checks", c.host_base);
+	ch_close(&c);
+}
+
+int main(void)
+{
+	int rc = ch_init();
+	if (rc)
+		return rc;
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup(test_driver_queries, ch_reset),
+		cmocka_unit_test_setup(test_explain, ch_reset),
+		cmocka_unit_test_setup(test_caller_context_kept, ch_reset),
+	};
+	return cmocka_run_group_tests(tests, ch_setup, ch_teardown);
+}

@@ -1,0 +1,105 @@
+/* Description: memory lifetimes on the CUDA target (libcuda double). Pinned
+ * staging blocks outlive a load, serve the next one (no new page-locking,
+ * even with pinning made to fail) and fst_trim gives them all back; device
+ * memory lives as long as a view of it does, and the last view to go frees
+ * it, on whatever thread that is. */
+#include "cuda_helpers.h"
+
+#include <pthread.h>
+
+static void *release_on_thread(void *arg)
+{
+	fst_view_release(arg);
+	return NULL;
+}
+
+/* Pinned staging blocks outlive a load, are reused by the next one (no new
+ * page-locking), and fst_trim gives them all back. */
+static void test_pinned_pool(void **state)
+{
+	(void)state;
+	ch_set_delay("20");
+	ch_ckpt c;
+	ch_write_random("pool", 47, &ch_big_gen, &c);
+	ch_open(&c, c.dir);
+	fst_trim();
+	assert_int_equal(ch_live_host() - ch_pinned_base, 0);
+	fst_load_opts o;
+	ch_opts(&o, "cuda:0", FST_IO_PREAD, 2, 2 * MiB);
+	fst_buffer *buf = NULL;
+	fst_error err;
+	if (fst_load(c.ck, &o, &buf, &err))
+		fail_msg("%s", err.message);
+	fst_buffer_release(buf);
+	long kept = ch_live_host() - ch_pinned_base;
+	assert_true(kept >= 1 && kept <= 2); /* at most one block per worker */
+	assert_int_equal(ch_live_device() - ch_device_base, 0);
+	/* the same load again, on the other device, with pinning made to
+	 * fail: the kept blocks serve it */
+	assert_int_equal(fst_fault_set("pin:1+", &err), 0);
+	o.device = "cuda:1";
+	int rc = fst_load(c.ck, &o, &buf, &err);
+	fst_fault_set(NULL, NULL);
+	if (rc)
+		fail_msg("with the kept blocks: %s", err.message);
+	ch_assert_buffer(&c, buf, 1);
+	fst_buffer_release(buf);
+	assert_int_equal(ch_live_host() - ch_pinned_base, kept);
+	fst_trim();
+	assert_int_equal(ch_live_host() - ch_pinned_base, 0);
+	fst_trim(); /* nothing left: a no-op */
+	ch_assert_clean("after trimming", c.host_base);
+	ch_close(&c);
+}
+
+/* Views keep the device memory alive; the last one to go frees it, on
+ * whatever thread that is. */
+static void test_lifetime(void **state)
+{
+	(void)state;
+	ch_set_delay("20");
+	ch_ckpt c;
+	ch_write_random("life", 43, &ch_small_gen, &c);
+	ch_open(&c, c.dir);
+	fst_load_opts o;
+	ch_opts(&o, "cuda:1", FST_IO_PREAD, 2, 1 * MiB);
+	fst_buffer *buf = NULL;
+	fst_error err;
+	if (fst_load(c.ck, &o, &buf, &err))
+		fail_msg("%s", err.message);
+	size_t nt = fst_buffer_tensor_count(buf);
+	assert_true(nt > 3);
+	fst_tensor_view *views = calloc(nt, sizeof *views);
+	for (size_t i = 0; i < nt; i++)
+		assert_int_equal(fst_buffer_tensor(buf, i, &views[i]), 0);
+	fst_buffer_release(buf);
+	assert_int_equal(ch_live_device() - ch_device_base, 1);
+	for (size_t i = 0; i < nt; i++)
+		ch_assert_view(&c, &views[i], 1);
+	for (size_t i = 0; i + 1 < nt; i++) {
+		fst_view_release(&views[i]);
+		assert_null(views[i].buffer);
+		assert_int_equal(ch_live_device() - ch_device_base, 1);
+	}
+	ch_assert_view(&c, &views[nt - 1], 1);
+	pthread_t th;
+	assert_int_equal(pthread_create(&th, NULL, release_on_thread, &views[nt - 1]), 0);
+	pthread_join(th, NULL);
+	assert_int_equal(ch_live_device() - ch_device_base, 0);
+	fst_view_release(&views[nt - 1]); /* cleared: a no-op */
+	free(views);
+	ch_assert_clean("after the last view", c.host_base);
+	ch_close(&c);
+}
+
+int main(void)
+{
+	int rc = ch_init();
+	if (rc)
+		return rc;
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup(test_pinned_pool, ch_reset),
+		cmocka_unit_test_setup(test_lifetime, ch_reset),
+	};
+	return cmocka_run_group_tests(tests, ch_setup, ch_teardown);
+}
