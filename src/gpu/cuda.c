@@ -53,8 +53,8 @@ int fsti_cuda_fail(const struct fsti_cuda *cu, CUresult r, fst_error *err, const
 
 static void load(void)
 {
-	const char *path = getenv("FST_CUDA_LIBRARY");
-	if (!path || !*path)
+	const char *path = fsti_env(FSTI_ENV_CUDA_LIBRARY);
+	if (!path)
 		path = "libcuda.so.1";
 	snprintf(table.path, sizeof table.path, "%s", path);
 	table.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);

@@ -12,8 +12,8 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void load(void)
 {
-	const char *path = getenv("FST_NCCL_LIBRARY");
-	if (!path || !*path)
+	const char *path = fsti_env(FSTI_ENV_NCCL_LIBRARY);
+	if (!path)
 		path = "libnccl.so.2";
 	table.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!table.lib) {

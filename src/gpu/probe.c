@@ -62,8 +62,8 @@ const char *fsti_cufile_error_name(int err, char *buf, size_t size)
 
 static void load_library(void)
 {
-	const char *path = getenv("FST_CUFILE_LIBRARY");
-	if (!path || !*path)
+	const char *path = fsti_env(FSTI_ENV_CUFILE_LIBRARY);
+	if (!path)
 		path = "libcufile.so.0";
 	snprintf(table.path, sizeof table.path, "%s", path);
 	table.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -99,8 +99,8 @@ static void load_library(void)
 
 static bool nvfs_devices_present(void)
 {
-	const char *pattern = getenv("FST_NVFS_DEVICES");
-	if (!pattern || !*pattern)
+	const char *pattern = fsti_env(FSTI_ENV_NVFS_DEVICES);
+	if (!pattern)
 		pattern = "/dev/nvidia-fs*";
 	glob_t g;
 	bool found = glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc > 0;
@@ -111,8 +111,8 @@ static bool nvfs_devices_present(void)
 /* allow_compat_mode from cufile.json (which allows // comments). */
 static int compat_allowed(void)
 {
-	const char *path = getenv("CUFILE_ENV_PATH_JSON");
-	if (!path || !*path)
+	const char *path = fsti_env(FSTI_ENV_CUFILE_JSON);
+	if (!path)
 		path = "/etc/cufile.json";
 	FILE *f = fopen(path, "r");
 	if (!f)
@@ -183,8 +183,7 @@ const struct fsti_gds_probe *fsti_gds_probe(const struct fsti_cuda *cu, int devi
 	p->integrated = integrated != 0;
 	p->nvfs_devices = nvfs_devices_present();
 	p->compat_allowed = compat_allowed();
-	const char *try_env = getenv("FST_GDS_TRY");
-	bool try_anyway = try_env && !strcmp(try_env, "1");
+	bool try_anyway = fsti_env_gds_try();
 	if (p->library && (p->nvfs_devices || try_anyway)) {
 		if (driver_state < 0) {
 			driver_state = table.cuFileDriverOpen().err;

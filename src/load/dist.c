@@ -84,7 +84,7 @@ int fst_comm_init(int world, int rank, const unsigned char id[FST_COMM_ID_BYTES]
 		c->world = world;
 		c->rank = rank;
 		c->device = device;
-		const char *env = getenv("FST_DIST_TIMEOUT_MS");
+		const char *env = fsti_env(FSTI_ENV_DIST_TIMEOUT_MS);
 		c->timeout_ms = timeout_ms > 0 ? timeout_ms : env && atoi(env) > 0 ? atoi(env) : 300000;
 		CUresult cr = cu->cuStreamCreate(&c->stream, FSTI_CU_STREAM_NON_BLOCKING);
 		if (cr)

@@ -62,8 +62,7 @@ int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
 	if (!cu)
 		return err ? err->code : FST_EDEVICE;
 	const struct fsti_gds_probe *p = fsti_gds_probe(cu, e->device_id);
-	const char *try_env = getenv("FST_GDS_TRY");
-	bool try_anyway = try_env && !strcmp(try_env, "1") && p->driver_opened;
+	bool try_anyway = fsti_env_gds_try() && p->driver_opened;
 	bool on = e->opts.gds == FST_GDS_ON;
 	if (!p->usable && !try_anyway) {
 		if (on)
