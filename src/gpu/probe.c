@@ -18,7 +18,6 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define MAX_DEVICES 64
@@ -68,9 +67,9 @@ static int compat_allowed(void)
 		}
 		if (n + 2 > cap) {
 			cap = cap ? cap * 2 : 4096;
-			char *g = realloc(text, cap);
+			char *g = fsti_realloc(text, cap);
 			if (!g) {
-				free(text);
+				fsti_free(text);
 				fclose(f);
 				return -1;
 			}
@@ -86,7 +85,7 @@ static int compat_allowed(void)
 	if (json_is_boolean(v))
 		result = json_is_true(v);
 	json_decref(root);
-	free(text);
+	fsti_free(text);
 	return result;
 }
 
