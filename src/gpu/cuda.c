@@ -115,15 +115,13 @@ static void load(void)
 	load_status = 0;
 }
 
-const struct fsti_cuda *fsti_cuda_load(fst_error *err)
+int fsti_cuda_get(const struct fsti_cuda **out, fst_error *err)
 {
 	pthread_once(&load_once, load);
-	if (load_status) {
-		if (err)
-			*err = load_error;
-		return NULL;
-	}
-	return &table;
+	*out = load_status ? NULL : &table;
+	if (load_status && err)
+		*err = load_error;
+	return load_status;
 }
 
 int fsti_cuda_use_device(const struct fsti_cuda *cu, int device, fst_error *err)
@@ -161,16 +159,16 @@ int fsti_cuda_use_device(const struct fsti_cuda *cu, int device, fst_error *err)
 
 void *fsti_cuda_save(void)
 {
-	const struct fsti_cuda *cu = fsti_cuda_load(NULL);
+	const struct fsti_cuda *cu;
 	CUcontext ctx = NULL;
-	if (cu)
+	if (!fsti_cuda_get(&cu, NULL))
 		cu->cuCtxGetCurrent(&ctx);
 	return ctx;
 }
 
 void fsti_cuda_restore(void *ctx)
 {
-	const struct fsti_cuda *cu = fsti_cuda_load(NULL);
-	if (cu)
+	const struct fsti_cuda *cu;
+	if (!fsti_cuda_get(&cu, NULL))
 		cu->cuCtxSetCurrent((CUcontext)ctx);
 }

@@ -33,13 +33,11 @@ static void load(void)
 				   NULL, 0, &load_error);
 }
 
-const struct fsti_nccl *fsti_nccl_load(fst_error *err)
+int fsti_nccl_get(const struct fsti_nccl **out, fst_error *err)
 {
 	pthread_once(&once, load);
-	if (load_status) {
-		if (err)
-			*err = load_error;
-		return NULL;
-	}
-	return &table;
+	*out = load_status ? NULL : &table;
+	if (load_status && err)
+		*err = load_error;
+	return load_status;
 }

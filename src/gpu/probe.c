@@ -174,11 +174,12 @@ int fst_gds_probe(int device, fst_gds_report *out, fst_error *err)
 	if (!out)
 		return fsti_err(err, FST_EUSAGE, "fst_gds_probe: out is required");
 	memset(out, 0, sizeof *out);
-	const struct fsti_cuda *cu = fsti_cuda_load(err);
-	if (!cu)
-		return err ? err->code : FST_EDEVICE;
+	const struct fsti_cuda *cu;
+	int rc = fsti_cuda_get(&cu, err);
+	if (rc)
+		return rc;
 	void *saved = fsti_cuda_save();
-	int rc = fsti_cuda_use_device(cu, device, err);
+	rc = fsti_cuda_use_device(cu, device, err);
 	const struct fsti_gds_probe *p = rc ? NULL : fsti_gds_probe(cu, device);
 	fsti_cuda_restore(saved);
 	if (rc)
