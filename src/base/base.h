@@ -68,6 +68,30 @@ long fsti_live_allocations(void);
  */
 int fsti_fault(const char *site);
 
+/* ---- the environment (env.c): every variable libfst reads, named and
+ * explained there, and the library's one getenv. */
+
+enum fsti_env {
+	FSTI_ENV_LOG,             /* FST_LOG */
+	FSTI_ENV_FAULT,           /* FST_FAULT */
+	FSTI_ENV_CUDA_LIBRARY,    /* FST_CUDA_LIBRARY */
+	FSTI_ENV_CUFILE_LIBRARY,  /* FST_CUFILE_LIBRARY */
+	FSTI_ENV_NCCL_LIBRARY,    /* FST_NCCL_LIBRARY */
+	FSTI_ENV_NVFS_DEVICES,    /* FST_NVFS_DEVICES */
+	FSTI_ENV_CUFILE_JSON,     /* CUFILE_ENV_PATH_JSON */
+	FSTI_ENV_GDS_TRY,         /* FST_GDS_TRY */
+	FSTI_ENV_GDS,             /* FST_GDS */
+	FSTI_ENV_DIST_TIMEOUT_MS, /* FST_DIST_TIMEOUT_MS */
+	FSTI_ENV_COUNT
+};
+
+/* The variable's value now; NULL when it is unset or empty. */
+const char *fsti_env(enum fsti_env var);
+/* "FST_LOG", for messages. */
+const char *fsti_env_name(enum fsti_env var);
+/* FST_GDS_TRY=1: open the cuFile driver even where the probe rules GDS out. */
+bool fsti_env_gds_try(void);
+
 /* ---- a name -> index table (names.c) */
 
 typedef struct fsti_names {

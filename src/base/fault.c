@@ -135,9 +135,9 @@ long fst_fault_last(char *buf, size_t size)
 
 static void read_env(void)
 {
-	const char *spec = getenv("FST_FAULT");
+	const char *spec = fsti_env(FSTI_ENV_FAULT);
 	fst_error e;
-	if (spec && *spec && fst_fault_set(spec, &e))
+	if (spec && fst_fault_set(spec, &e))
 		fsti_log(FST_LOG_ERROR, "%s; fault injection disabled", e.message);
 }
 

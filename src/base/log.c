@@ -14,7 +14,7 @@ static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
 static void read_env(void)
 {
-	const char *v = getenv("FST_LOG");
+	const char *v = fsti_env(FSTI_ENV_LOG);
 	int level = FST_LOG_WARN;
 	if (v) {
 		if (!strcmp(v, "error")) level = FST_LOG_ERROR;

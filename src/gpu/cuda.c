@@ -8,11 +8,10 @@
  * memory and streams are shared with PyTorch in the same process.
  */
 #include "cuda.h"
+#include "dl.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define MIN_DRIVER_VERSION 11000 /* CUDA 11.0 */
@@ -51,66 +50,54 @@ int fsti_cuda_fail(const struct fsti_cuda *cu, CUresult r, fst_error *err, const
 				fsti_cuda_error(cu, r, why, sizeof why));
 }
 
+/* Resolved by their real, versioned names, in this order. */
+#define SYM(f) FSTI_DL_SYM(struct fsti_cuda, f)
+static const struct fsti_dl_sym syms[] = {
+	SYM(cuInit),
+	SYM(cuDriverGetVersion),
+	SYM(cuGetErrorName),
+	SYM(cuGetErrorString),
+	SYM(cuDeviceGetCount),
+	SYM(cuDeviceGet),
+	SYM(cuDeviceGetName),
+	SYM(cuDeviceTotalMem_v2),
+	SYM(cuDeviceGetAttribute),
+	SYM(cuDevicePrimaryCtxRetain),
+	SYM(cuCtxSetCurrent),
+	SYM(cuCtxGetCurrent),
+	SYM(cuMemAlloc_v2),
+	SYM(cuMemFree_v2),
+	SYM(cuMemGetInfo_v2),
+	SYM(cuMemHostAlloc),
+	SYM(cuMemFreeHost),
+	SYM(cuMemcpyHtoDAsync_v2),
+	SYM(cuMemcpyDtoH_v2),
+	SYM(cuStreamCreate),
+	SYM(cuStreamDestroy_v2),
+	SYM(cuStreamSynchronize),
+	SYM(cuStreamQuery),
+	SYM(cuMemcpy2DAsync_v2),
+	SYM(cuEventCreate),
+	SYM(cuEventRecord),
+	SYM(cuEventQuery),
+	SYM(cuEventSynchronize),
+	SYM(cuEventDestroy_v2),
+};
+#undef SYM
+
 static void load(void)
 {
-	const char *path = getenv("FST_CUDA_LIBRARY");
-	if (!path || !*path)
-		path = "libcuda.so.1";
-	snprintf(table.path, sizeof table.path, "%s", path);
-	table.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!table.lib) {
-		const char *why = dlerror();
-		load_status = fsti_err(&load_error, FST_EDEVICE,
-				       "no CUDA driver: cannot load %s (%s)", path,
-				       why ? why : "not found");
+	const struct fsti_dl_lib lib = {"CUDA driver", fsti_env(FSTI_ENV_CUDA_LIBRARY),
+					"libcuda.so.1", FST_EDEVICE};
+	load_status = fsti_dl_load(&lib, syms, sizeof syms / sizeof syms[0], &table, &table.lib,
+				   table.path, sizeof table.path, &load_error);
+	if (load_status)
 		return;
-	}
-#define SYM(name)                                                                          \
-	do {                                                                               \
-		*(void **)(&table.name) = dlsym(table.lib, #name);                         \
-		if (!table.name) {                                                         \
-			load_status = fsti_err(&load_error, FST_EDEVICE,                   \
-					       "CUDA driver %s lacks %s: too old or not a " \
-					       "driver",                                   \
-					       path, #name);                               \
-			return;                                                    \
-		}                                                                          \
-	} while (0)
-	SYM(cuInit);
-	SYM(cuDriverGetVersion);
-	SYM(cuGetErrorName);
-	SYM(cuGetErrorString);
-	SYM(cuDeviceGetCount);
-	SYM(cuDeviceGet);
-	SYM(cuDeviceGetName);
-	SYM(cuDeviceTotalMem_v2);
-	SYM(cuDeviceGetAttribute);
-	SYM(cuDevicePrimaryCtxRetain);
-	SYM(cuCtxSetCurrent);
-	SYM(cuCtxGetCurrent);
-	SYM(cuMemAlloc_v2);
-	SYM(cuMemFree_v2);
-	SYM(cuMemGetInfo_v2);
-	SYM(cuMemHostAlloc);
-	SYM(cuMemFreeHost);
-	SYM(cuMemcpyHtoDAsync_v2);
-	SYM(cuMemcpyDtoH_v2);
-	SYM(cuStreamCreate);
-	SYM(cuStreamDestroy_v2);
-	SYM(cuStreamSynchronize);
-	SYM(cuStreamQuery);
-	SYM(cuMemcpy2DAsync_v2);
-	SYM(cuEventCreate);
-	SYM(cuEventRecord);
-	SYM(cuEventQuery);
-	SYM(cuEventSynchronize);
-	SYM(cuEventDestroy_v2);
-#undef SYM
 	CUresult r = table.cuInit(0);
 	if (r == FSTI_CUDA_ERROR_STUB_LIBRARY) {
 		load_status = fsti_err_backend(&load_error, FST_EDEVICE, r,
 					       "no CUDA driver: %s is the toolkit's stub library",
-					       path);
+					       table.path);
 		return;
 	}
 	if (r != FSTI_CUDA_SUCCESS) {
@@ -128,15 +115,13 @@ static void load(void)
 	load_status = 0;
 }
 
-const struct fsti_cuda *fsti_cuda_load(fst_error *err)
+int fsti_cuda_get(const struct fsti_cuda **out, fst_error *err)
 {
 	pthread_once(&load_once, load);
-	if (load_status) {
-		if (err)
-			*err = load_error;
-		return NULL;
-	}
-	return &table;
+	*out = load_status ? NULL : &table;
+	if (load_status && err)
+		*err = load_error;
+	return load_status;
 }
 
 int fsti_cuda_use_device(const struct fsti_cuda *cu, int device, fst_error *err)
@@ -174,16 +159,16 @@ int fsti_cuda_use_device(const struct fsti_cuda *cu, int device, fst_error *err)
 
 void *fsti_cuda_save(void)
 {
-	const struct fsti_cuda *cu = fsti_cuda_load(NULL);
+	const struct fsti_cuda *cu;
 	CUcontext ctx = NULL;
-	if (cu)
+	if (!fsti_cuda_get(&cu, NULL))
 		cu->cuCtxGetCurrent(&ctx);
 	return ctx;
 }
 
 void fsti_cuda_restore(void *ctx)
 {
-	const struct fsti_cuda *cu = fsti_cuda_load(NULL);
-	if (cu)
+	const struct fsti_cuda *cu;
+	if (!fsti_cuda_get(&cu, NULL))
 		cu->cuCtxSetCurrent((CUcontext)ctx);
 }

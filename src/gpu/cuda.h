@@ -88,8 +88,9 @@ struct fsti_cuda {
 };
 
 /* Load the driver once per process (FST_CUDA_LIBRARY names another library,
- * for tests) and cuInit it. NULL with err filled when there is none. */
-const struct fsti_cuda *fsti_cuda_load(fst_error *err);
+ * for tests) and cuInit it. Returns 0 with *out, or the error code (always
+ * the same one) with *out NULL and err filled when there is no driver. */
+int fsti_cuda_get(const struct fsti_cuda **out, fst_error *err);
 
 /* Make device's primary context current on this thread (retained once per
  * process and device, shared with PyTorch and any other user). */

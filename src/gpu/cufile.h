@@ -1,7 +1,8 @@
 /*
  * cufile.h - cuFile (GPUDirect Storage) as libfst uses it: the function
  * table of libcufile.so.0, opened with dlopen on first use
- * (FST_CUFILE_LIBRARY names another file), and the probe's findings.
+ * (FST_CUFILE_LIBRARY names another file; cufile.c), and the probe's
+ * findings (probe.c).
  */
 #ifndef FST_CUFILE_H
 #define FST_CUFILE_H
@@ -24,6 +25,13 @@ struct fsti_cufile {
 			      off_t buf_offset);
 };
 
+/* Load libcufile once per process: 0 with *out, else the error code with
+ * *out NULL and err filled. Opens the library only, never the driver. */
+int fsti_cufile_get(const struct fsti_cufile **out, fst_error *err);
+
+/* "5027 (CU_FILE_HANDLE_NOT_REGISTERED)" */
+const char *fsti_cufile_error_name(int err, char *buf, size_t size);
+
 /* What the probe found for one device, and the decision under gds=auto. */
 struct fsti_gds_probe {
 	bool library;          /* libcufile could be loaded */
@@ -42,8 +50,5 @@ struct fsti_gds_probe {
 /* Probe device once per process (cached); never opens the cuFile driver
  * where /dev/nvidia-fs* is missing, unless FST_GDS_TRY=1 asks to. */
 const struct fsti_gds_probe *fsti_gds_probe(const struct fsti_cuda *cu, int device);
-
-/* "5027 (CU_FILE_HANDLE_NOT_REGISTERED)" */
-const char *fsti_cufile_error_name(int err, char *buf, size_t size);
 
 #endif

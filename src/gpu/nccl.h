@@ -34,6 +34,8 @@ struct fsti_nccl {
 	int (*ncclGroupEnd)(void);
 };
 
-const struct fsti_nccl *fsti_nccl_load(fst_error *err);
+/* Load NCCL once per process: 0 with *out, or the error code
+ * (FST_EUNSUPPORTED) with *out NULL and err filled. */
+int fsti_nccl_get(const struct fsti_nccl **out, fst_error *err);
 
 #endif

@@ -14,12 +14,10 @@
  */
 #include "cufile.h"
 
-#include <dlfcn.h>
 #include <glob.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define MAX_DEVICES 64
@@ -27,80 +25,12 @@
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fsti_gds_probe probes[MAX_DEVICES];
 static bool probed[MAX_DEVICES];
-static struct fsti_cufile table;
-static int lib_state = -1; /* -1 untried, 0 loaded, 1 failed */
-static char lib_error[300];
 static int driver_state = -1; /* -1 untried, 0 open, else the error */
-
-const char *fsti_cufile_error_name(int err, char *buf, size_t size)
-{
-	static const char *const names[] = {
-		[1] = "CU_FILE_DRIVER_NOT_INITIALIZED", [2] = "CU_FILE_DRIVER_INVALID_PROPS",
-		[3] = "CU_FILE_DRIVER_UNSUPPORTED_LIMIT", [4] = "CU_FILE_DRIVER_VERSION_MISMATCH",
-		[5] = "CU_FILE_DRIVER_VERSION_READ_ERROR", [6] = "CU_FILE_DRIVER_CLOSING",
-		[7] = "CU_FILE_PLATFORM_NOT_SUPPORTED", [8] = "CU_FILE_IO_NOT_SUPPORTED",
-		[9] = "CU_FILE_DEVICE_NOT_SUPPORTED", [10] = "CU_FILE_NVFS_DRIVER_ERROR",
-		[11] = "CU_FILE_CUDA_DRIVER_ERROR", [12] = "CU_FILE_CUDA_POINTER_INVALID",
-		[13] = "CU_FILE_CUDA_MEMORY_TYPE_INVALID", [14] = "CU_FILE_CUDA_POINTER_RANGE_ERROR",
-		[15] = "CU_FILE_CUDA_CONTEXT_MISMATCH", [16] = "CU_FILE_INVALID_MAPPING_SIZE",
-		[17] = "CU_FILE_INVALID_MAPPING_RANGE", [18] = "CU_FILE_INVALID_FILE_TYPE",
-		[19] = "CU_FILE_INVALID_FILE_OPEN_FLAG", [20] = "CU_FILE_DIO_NOT_SET",
-		[22] = "CU_FILE_INVALID_VALUE", [23] = "CU_FILE_MEMORY_ALREADY_REGISTERED",
-		[24] = "CU_FILE_MEMORY_NOT_REGISTERED", [25] = "CU_FILE_PERMISSION_DENIED",
-		[26] = "CU_FILE_DRIVER_ALREADY_OPEN", [27] = "CU_FILE_HANDLE_NOT_REGISTERED",
-		[28] = "CU_FILE_HANDLE_ALREADY_REGISTERED", [29] = "CU_FILE_DEVICE_NOT_FOUND",
-		[30] = "CU_FILE_INTERNAL_ERROR", [31] = "CU_FILE_GETNEWFD_FAILED",
-		[33] = "CU_FILE_NVFS_SETUP_ERROR", [34] = "CU_FILE_IO_DISABLED",
-	};
-	int k = err - 5000;
-	const char *name = k > 0 && k < (int)(sizeof names / sizeof names[0]) && names[k]
-				   ? names[k]
-				   : "cuFile error";
-	snprintf(buf, size, "%d (%s)", err, name);
-	return buf;
-}
-
-static void load_library(void)
-{
-	const char *path = getenv("FST_CUFILE_LIBRARY");
-	if (!path || !*path)
-		path = "libcufile.so.0";
-	snprintf(table.path, sizeof table.path, "%s", path);
-	table.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!table.lib) {
-		const char *e = dlerror();
-		snprintf(lib_error, sizeof lib_error, "no cuFile library (%s)", e ? e : path);
-		lib_state = 1;
-		return;
-	}
-#define SYM(field, name)                                                                 \
-	do {                                                                             \
-		*(void **)(&table.field) = dlsym(table.lib, name);                       \
-		if (!table.field) {                                                      \
-			snprintf(lib_error, sizeof lib_error, "%s lacks %s", path, name); \
-			lib_state = 1;                                                   \
-			return;                                                          \
-		}                                                                        \
-	} while (0)
-	SYM(cuFileDriverOpen, "cuFileDriverOpen");
-	/* cuda 12+ names the close _v2; older libraries have the plain name */
-	*(void **)(&table.cuFileDriverClose) = dlsym(table.lib, "cuFileDriverClose_v2");
-	if (!table.cuFileDriverClose)
-		SYM(cuFileDriverClose, "cuFileDriverClose");
-	SYM(cuFileDriverGetProperties, "cuFileDriverGetProperties");
-	SYM(cuFileHandleRegister, "cuFileHandleRegister");
-	SYM(cuFileHandleDeregister, "cuFileHandleDeregister");
-	SYM(cuFileBufRegister, "cuFileBufRegister");
-	SYM(cuFileBufDeregister, "cuFileBufDeregister");
-	SYM(cuFileRead, "cuFileRead");
-#undef SYM
-	lib_state = 0;
-}
 
 static bool nvfs_devices_present(void)
 {
-	const char *pattern = getenv("FST_NVFS_DEVICES");
-	if (!pattern || !*pattern)
+	const char *pattern = fsti_env(FSTI_ENV_NVFS_DEVICES);
+	if (!pattern)
 		pattern = "/dev/nvidia-fs*";
 	glob_t g;
 	bool found = glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc > 0;
@@ -111,8 +41,8 @@ static bool nvfs_devices_present(void)
 /* allow_compat_mode from cufile.json (which allows // comments). */
 static int compat_allowed(void)
 {
-	const char *path = getenv("CUFILE_ENV_PATH_JSON");
-	if (!path || !*path)
+	const char *path = fsti_env(FSTI_ENV_CUFILE_JSON);
+	if (!path)
 		path = "/etc/cufile.json";
 	FILE *f = fopen(path, "r");
 	if (!f)
@@ -137,9 +67,9 @@ static int compat_allowed(void)
 		}
 		if (n + 2 > cap) {
 			cap = cap ? cap * 2 : 4096;
-			char *g = realloc(text, cap);
+			char *g = fsti_realloc(text, cap);
 			if (!g) {
-				free(text);
+				fsti_free(text);
 				fclose(f);
 				return -1;
 			}
@@ -155,7 +85,7 @@ static int compat_allowed(void)
 	if (json_is_boolean(v))
 		result = json_is_true(v);
 	json_decref(root);
-	free(text);
+	fsti_free(text);
 	return result;
 }
 
@@ -170,9 +100,9 @@ const struct fsti_gds_probe *fsti_gds_probe(const struct fsti_cuda *cu, int devi
 		return p;
 	}
 	memset(p, 0, sizeof *p);
-	if (lib_state < 0)
-		load_library();
-	p->library = lib_state == 0;
+	const struct fsti_cufile *cf;
+	fst_error lib_error;
+	p->library = fsti_cufile_get(&cf, &lib_error) == 0;
 	CUdevice d;
 	int integrated = 0;
 	if (cu->cuDeviceGet(&d, device) == 0) {
@@ -183,27 +113,27 @@ const struct fsti_gds_probe *fsti_gds_probe(const struct fsti_cuda *cu, int devi
 	p->integrated = integrated != 0;
 	p->nvfs_devices = nvfs_devices_present();
 	p->compat_allowed = compat_allowed();
-	const char *try_env = getenv("FST_GDS_TRY");
-	bool try_anyway = try_env && !strcmp(try_env, "1");
+	bool try_anyway = fsti_env_gds_try();
 	if (p->library && (p->nvfs_devices || try_anyway)) {
 		if (driver_state < 0) {
-			driver_state = table.cuFileDriverOpen().err;
+			driver_state = cf->cuFileDriverOpen().err;
 		}
 		p->driver_opened = driver_state == 0;
 		p->driver_error = driver_state;
 		if (p->driver_opened) {
 			fsti_cufile_props props;
 			memset(&props, 0, sizeof props);
-			if (table.cuFileDriverGetProperties(&props).err == 0) {
+			if (cf->cuFileDriverGetProperties(&props).err == 0) {
 				p->nvfs_major = props.nvfs.major_version;
 				p->nvfs_minor = props.nvfs.minor_version;
 			}
-			p->cf = &table;
+			p->cf = cf;
 		}
 	}
 	char code[64];
 	if (!p->library)
-		snprintf(p->reason, sizeof p->reason, "%s", lib_error);
+		snprintf(p->reason, sizeof p->reason, "%.*s", (int)sizeof p->reason - 1,
+			 lib_error.message);
 	else if (p->integrated)
 		snprintf(p->reason, sizeof p->reason,
 			 "cuda:%d is integrated (it shares memory with the host): GPUDirect Storage "
@@ -244,11 +174,12 @@ int fst_gds_probe(int device, fst_gds_report *out, fst_error *err)
 	if (!out)
 		return fsti_err(err, FST_EUSAGE, "fst_gds_probe: out is required");
 	memset(out, 0, sizeof *out);
-	const struct fsti_cuda *cu = fsti_cuda_load(err);
-	if (!cu)
-		return err ? err->code : FST_EDEVICE;
+	const struct fsti_cuda *cu;
+	int rc = fsti_cuda_get(&cu, err);
+	if (rc)
+		return rc;
 	void *saved = fsti_cuda_save();
-	int rc = fsti_cuda_use_device(cu, device, err);
+	rc = fsti_cuda_use_device(cu, device, err);
 	const struct fsti_gds_probe *p = rc ? NULL : fsti_gds_probe(cu, device);
 	fsti_cuda_restore(saved);
 	if (rc)

@@ -121,11 +121,12 @@ void fsti_cuda_release_device_buffer(struct fst_buffer *b)
 
 static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 {
-	const struct fsti_cuda *cu = fsti_cuda_load(err);
-	if (!cu)
-		return err ? err->code : FST_EDEVICE;
+	const struct fsti_cuda *cu;
+	int rc = fsti_cuda_get(&cu, err);
+	if (rc)
+		return rc;
 	struct fst_buffer *b = e->buf;
-	int rc = fsti_cuda_use_device(cu, b->device_id, err);
+	rc = fsti_cuda_use_device(cu, b->device_id, err);
 	if (rc)
 		return rc;
 	struct cuda_load *l = fsti_calloc(1, sizeof *l);

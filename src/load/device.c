@@ -13,9 +13,10 @@
 int fst_cuda_driver(int *version, int *count, char *library, size_t size, fst_error *err)
 {
 	fsti_err_clear(err);
-	const struct fsti_cuda *cu = fsti_cuda_load(err);
-	if (!cu)
-		return err ? err->code : FST_EDEVICE;
+	const struct fsti_cuda *cu;
+	int rc = fsti_cuda_get(&cu, err);
+	if (rc)
+		return rc;
 	if (version)
 		*version = cu->driver_version;
 	if (count) {
@@ -61,10 +62,10 @@ static int fst_cuda_device_info_impl(int index, fst_cuda_device *out, fst_error 
 	if (!out)
 		return fsti_err(err, FST_EUSAGE, "fst_cuda_device_info: out is required");
 	memset(out, 0, sizeof *out);
-	const struct fsti_cuda *cu = fsti_cuda_load(err);
-	if (!cu)
-		return err ? err->code : FST_EDEVICE;
-	int rc = fsti_cuda_use_device(cu, index, err);
+	const struct fsti_cuda *cu;
+	int rc = fsti_cuda_get(&cu, err);
+	if (!rc)
+		rc = fsti_cuda_use_device(cu, index, err);
 	if (rc)
 		return rc;
 	CUdevice d;
@@ -100,10 +101,10 @@ static int fst_cuda_h2d_bandwidth_impl(int index, uint64_t bytes, double *gbps, 
 	fsti_err_clear(err);
 	if (!gbps || bytes < (1u << 20))
 		return fsti_err(err, FST_EUSAGE, "fst_cuda_h2d_bandwidth: at least 1 MiB");
-	const struct fsti_cuda *cu = fsti_cuda_load(err);
-	if (!cu)
-		return err ? err->code : FST_EDEVICE;
-	int rc = fsti_cuda_use_device(cu, index, err);
+	const struct fsti_cuda *cu;
+	int rc = fsti_cuda_get(&cu, err);
+	if (!rc)
+		rc = fsti_cuda_use_device(cu, index, err);
 	if (rc)
 		return rc;
 	const size_t piece = 16u << 20;
@@ -163,10 +164,10 @@ static int fst_copy_to_host_impl(const fst_tensor_view *v, uint64_t offset, void
 		memcpy(dst, (const char *)v->data + offset, (size_t)len);
 		return 0;
 	}
-	const struct fsti_cuda *cu = fsti_cuda_load(err);
-	if (!cu)
-		return err ? err->code : FST_EDEVICE;
-	int rc = fsti_cuda_use_device(cu, v->device_id, err);
+	const struct fsti_cuda *cu;
+	int rc = fsti_cuda_get(&cu, err);
+	if (!rc)
+		rc = fsti_cuda_use_device(cu, v->device_id, err);
 	if (rc)
 		return rc;
 	CUresult r = cu->cuMemcpyDtoH_v2(dst, (CUdeviceptr)(uintptr_t)v->data + offset, (size_t)len);

@@ -47,9 +47,10 @@ int fst_comm_world(const fst_comm *c) { return c->world; }
 int fst_comm_unique_id(unsigned char id[FST_COMM_ID_BYTES], fst_error *err)
 {
 	fsti_err_clear(err);
-	const struct fsti_nccl *nc = fsti_nccl_load(err);
-	if (!nc)
-		return err ? err->code : FST_EUNSUPPORTED;
+	const struct fsti_nccl *nc;
+	int rc = fsti_nccl_get(&nc, err);
+	if (rc)
+		return rc;
 	fsti_nccl_id nid;
 	int r = nc->ncclGetUniqueId(&nid);
 	if (r)
@@ -67,14 +68,15 @@ int fst_comm_init(int world, int rank, const unsigned char id[FST_COMM_ID_BYTES]
 		return fsti_err(err, FST_EUSAGE, "fst_comm_init: rank %d of %d is not valid", rank,
 				world);
 	*out = NULL;
-	const struct fsti_nccl *nc = fsti_nccl_load(err);
-	if (!nc)
-		return err ? err->code : FST_EUNSUPPORTED;
-	const struct fsti_cuda *cu = fsti_cuda_load(err);
-	if (!cu)
-		return err ? err->code : FST_EDEVICE;
+	const struct fsti_nccl *nc;
+	const struct fsti_cuda *cu;
+	int rc = fsti_nccl_get(&nc, err);
+	if (!rc)
+		rc = fsti_cuda_get(&cu, err);
+	if (rc)
+		return rc;
 	void *saved = fsti_cuda_save();
-	int rc = fsti_cuda_use_device(cu, device, err);
+	rc = fsti_cuda_use_device(cu, device, err);
 	fst_comm *c = rc ? NULL : fsti_calloc(1, sizeof *c);
 	if (!rc && !c)
 		rc = fsti_err(err, FST_ENOMEM, "out of memory");
@@ -84,7 +86,7 @@ int fst_comm_init(int world, int rank, const unsigned char id[FST_COMM_ID_BYTES]
 		c->world = world;
 		c->rank = rank;
 		c->device = device;
-		const char *env = getenv("FST_DIST_TIMEOUT_MS");
+		const char *env = fsti_env(FSTI_ENV_DIST_TIMEOUT_MS);
 		c->timeout_ms = timeout_ms > 0 ? timeout_ms : env && atoi(env) > 0 ? atoi(env) : 300000;
 		CUresult cr = cu->cuStreamCreate(&c->stream, FSTI_CU_STREAM_NON_BLOCKING);
 		if (cr)

@@ -294,13 +294,13 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	if (!rc && e->device_type == FST_DEVICE_CUDA) {
 		/* Fail early and clearly where there is no driver or no such
 		 * device, before any memory is taken. */
-		const struct fsti_cuda *cu = fsti_cuda_load(err);
-		if (cu) {
+		const struct fsti_cuda *cu;
+		rc = fsti_cuda_get(&cu, err);
+		if (!rc) {
 			e->saved_ctx = fsti_cuda_save();
 			e->restore_ctx = true;
+			rc = fsti_cuda_use_device(cu, e->device_id, err);
 		}
-		rc = cu ? fsti_cuda_use_device(cu, e->device_id, err)
-			: (err ? err->code : FST_EDEVICE);
 	}
 	if (!rc)
 		rc = choose_io(e, e->device_type, err);

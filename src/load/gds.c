@@ -58,12 +58,12 @@ int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
 			 e->opts.gds == FST_GDS_OFF ? "gds=off" : "");
 		return 0;
 	}
-	const struct fsti_cuda *cu = fsti_cuda_load(err);
-	if (!cu)
-		return err ? err->code : FST_EDEVICE;
+	const struct fsti_cuda *cu;
+	int rc = fsti_cuda_get(&cu, err);
+	if (rc)
+		return rc;
 	const struct fsti_gds_probe *p = fsti_gds_probe(cu, e->device_id);
-	const char *try_env = getenv("FST_GDS_TRY");
-	bool try_anyway = try_env && !strcmp(try_env, "1") && p->driver_opened;
+	bool try_anyway = fsti_env_gds_try() && p->driver_opened;
 	bool on = e->opts.gds == FST_GDS_ON;
 	if (!p->usable && !try_anyway) {
 		if (on)

@@ -71,8 +71,8 @@ int fsti_load_opts_check(const fst_load_opts *in, fst_load_opts *o, fst_error *e
 		return fsti_err(err, FST_EUSAGE, "unknown gds policy %d", o->gds);
 	/* FST_GDS from the environment decides where the caller left the
 	 * default (auto): deployments can switch GDS off without code. */
-	const char *env = getenv("FST_GDS");
-	if (o->gds == FST_GDS_AUTO && env && *env) {
+	const char *env = fsti_env(FSTI_ENV_GDS);
+	if (o->gds == FST_GDS_AUTO && env) {
 		if (!strcmp(env, "on"))
 			o->gds = FST_GDS_ON;
 		else if (!strcmp(env, "off"))

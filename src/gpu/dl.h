@@ -1,0 +1,45 @@
+/*
+ * dl.h - the one way libfst opens a GPU library at run time: dlopen of the
+ * path the environment names or of the default soname, then a table of
+ * symbols resolved into a struct of function pointers. cuda.c, cufile.c
+ * and nccl.c each describe their library and table and call fsti_dl_load.
+ */
+#ifndef FST_DL_H
+#define FST_DL_H
+
+#include "base.h"
+
+/* One function of a table: its symbol; an older name tried where the
+ * library lacks it (or NULL); where its pointer goes (offsetof in the
+ * table); whether the library is usable without it (the pointer is then
+ * left NULL). */
+struct fsti_dl_sym {
+	const char *name;
+	const char *older;
+	size_t offset;
+	bool optional;
+};
+
+/* A required entry named as its field, e.g. FSTI_DL_SYM(struct fsti_cuda,
+ * cuMemAlloc_v2): the field is spelled as the real, versioned symbol. */
+#define FSTI_DL_SYM(type, field) {#field, NULL, offsetof(type, field), false}
+
+/* The library to open. */
+struct fsti_dl_lib {
+	const char *what;     /* in messages: "CUDA driver", "NCCL", "cuFile library" */
+	const char *override; /* a path from the environment, or NULL for soname */
+	const char *soname;   /* the default */
+	int code;             /* the error code of every failure */
+};
+
+/*
+ * Open lib with RTLD_NOW | RTLD_LOCAL and resolve syms[0..n) into table, in
+ * order. path (size bytes, may be NULL) receives the path opened. Returns 0
+ * with *handle; else lib->code with err "no WHAT: cannot load PATH
+ * (dlerror)" or "WHAT PATH lacks SYMBOL: too old, or another library", every
+ * entry of table cleared and nothing left open.
+ */
+int fsti_dl_load(const struct fsti_dl_lib *lib, const struct fsti_dl_sym *syms, size_t n,
+		 void *table, void **handle, char *path, size_t size, fst_error *err);
+
+#endif
