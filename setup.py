@@ -94,8 +94,10 @@ setup(
     cmdclass={"build_ext": BuildExtOverLibfst},
     ext_modules=[Extension(
         "fst._fst",
-        sources=["python/fst/_fst.c"],
-        depends=["include/fst.h"],
+        sources=["python/fst/_fst.c", "python/fst/_fst_checkpoint.c",
+                 "python/fst/_fst_tensor.c", "python/fst/_fst_load.c",
+                 "python/fst/_fst_comm.c", "python/fst/_fst_writer.c"],
+        depends=["python/fst/_fst.h", "include/fst.h"],
         include_dirs=[os.path.join(HERE, "include")],
         libraries=["dl", "pthread"],
         define_macros=[("_GNU_SOURCE", None)],
