@@ -43,7 +43,8 @@ tsan: deps
 	TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $${TSAN_OPTIONS:-}" \
 		bash tests/tsan_check.sh $(BUILD)-tsan
 
-# The Python package (pip install . builds the extension from src/).
+# The Python package: pip install . builds libfst with CMake (build/python-lib,
+# its fst_static target) and the extension over it (setup.py).
 python: deps
 	PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check .
 	@python3 -c "import fst; print('fst', fst.__version__, 'Python package installed')"

@@ -4,7 +4,7 @@
 # present. The single source of the project's dependencies.
 set -euo pipefail
 
-APT_PACKAGES=(build-essential cmake pkg-config clang libclang-rt-14-dev
+APT_PACKAGES=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
 	libjansson-dev liburing-dev libcmocka-dev libxxhash-dev libssl-dev python3 python3-pip valgrind)
 PY_PACKAGES=(numpy safetensors pytest ml_dtypes xxhash)
 

@@ -1,0 +1,131 @@
+"""The load options as the Python functions take them, each checked (and
+turned into what the extension takes) before anything is opened or read."""
+from __future__ import annotations
+
+import operator
+from typing import Dict, Optional
+
+from ._errors import ArgumentTypeError, UsageError
+
+_IO = {"auto": 0, "pread": 1, "uring": 2, "mmap": 3}
+_GDS = {"auto": 0, "on": 1, "off": 2}
+_MAX_THREADS = 64  # libfst's limit (MAX_THREADS in its engine)
+_DEVICES = "'cpu', 'cuda', 'cuda:N', an int N or a torch.device"
+
+
+def _is_int(value) -> bool:
+    return not isinstance(value, bool) and hasattr(type(value), "__index__")
+
+
+def _device(device) -> str:
+    if device is None:
+        return "cpu"
+    if _is_int(device):
+        n = operator.index(device)
+        if n < 0:
+            raise UsageError(f"device={device!r}: expected {_DEVICES}", -1)
+        return f"cuda:{n}"
+    if isinstance(device, str):
+        s = device
+    elif not isinstance(device, bool) and hasattr(device, "type") and hasattr(device, "index"):
+        s = str(device)  # torch.device, without importing torch
+    else:
+        raise ArgumentTypeError(f"device={device!r}: expected {_DEVICES}", -1)
+    return "cuda:0" if s == "cuda" else s
+
+
+def _framework(framework) -> str:
+    if framework is None:
+        return "pt"
+    if not isinstance(framework, str):
+        raise ArgumentTypeError(f"framework={framework!r}: expected 'pt' or 'numpy'", -1)
+    f = framework.lower()
+    if f in ("pt", "torch", "pytorch"):
+        return "pt"
+    if f in ("np", "numpy"):
+        return "numpy"
+    raise UsageError(f"framework {framework!r}: expected 'pt' or 'numpy'", -1)
+
+
+def _choice(name: str, value, table: Dict[str, int]) -> int:
+    if isinstance(value, str) and value in table:
+        return table[value]
+    cls = UsageError if isinstance(value, str) else ArgumentTypeError
+    raise cls(f"{name}={value!r}: expected one of {sorted(table)}", -1)
+
+
+def _count(name: str, value, what: str, limit: int = 2 ** 64 - 1) -> int:
+    """A non-negative int argument; None is its default, 0."""
+    if value is None:
+        return 0
+    if not _is_int(value):
+        raise ArgumentTypeError(f"{name}={value!r}: expected an int, {what}", -1)
+    n = operator.index(value)
+    if not 0 <= n <= limit:
+        raise UsageError(f"{name}={value!r}: expected {what}", -1)
+    return n
+
+
+def _threads(threads, name: str = "threads") -> int:
+    return _count(name, threads,
+                  f"0 (one per CPU, at most 16) or 1..{_MAX_THREADS}", _MAX_THREADS)
+
+
+def _names(names) -> Optional[list]:
+    """names= as a list of str, read once (it may be a generator)."""
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes, bytearray)):
+        raise ArgumentTypeError(f"names={names!r}: expected an iterable of tensor names, not "
+                                f"one {type(names).__name__} (names=[{names!r}] for one tensor)",
+                                -1)
+    try:
+        out = list(names)
+    except TypeError:
+        raise ArgumentTypeError(f"names={names!r}: expected an iterable of tensor names",
+                                -1) from None
+    for i, n in enumerate(out):
+        if not isinstance(n, str):
+            raise ArgumentTypeError(f"names: item {i} is {n!r}: expected a tensor name (str)", -1)
+    return out
+
+
+_LOAD_OPTIONS = ("io", "threads", "staging_bytes", "chunk_bytes", "gds", "align", "names",
+                 "torch_allocator")
+
+
+def _check_options(where: str, options: dict) -> None:
+    """**options that are no load option would otherwise be dropped unseen."""
+    for k in options:
+        if k not in _LOAD_OPTIONS:
+            raise TypeError(f"{where}() got an unexpected keyword argument {k!r}")
+
+
+def _check_target(device: str, framework: str) -> None:
+    """numpy arrays live in host memory: refuse a GPU target before any byte
+    is read (and before any GPU memory is taken)."""
+    if framework == "numpy" and device.startswith("cuda"):
+        raise UsageError(f"device {device!r} with framework='numpy': numpy arrays live on the "
+                         "CPU; load with device='cpu' or framework='pt'", -1)
+
+
+def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk_bytes=0,
+                 gds="auto", align=0, names=None, torch_allocator=True, mmap_private=False):
+    """The low-level load's keyword arguments, every one checked; the
+    allocator is added by _prepare, once torch is known to be there."""
+    dev = _device(device)
+    _check_target(dev, framework)
+    kw = dict(device=dev, io=_choice("io", io, _IO), threads=_threads(threads),
+              staging_bytes=_count("staging_bytes", staging_bytes,
+                                   "a byte count >= 0 (0: libfst's default)"),
+              chunk_bytes=_count("chunk_bytes", chunk_bytes,
+                                 "a byte count >= 0 (0: libfst's default)"),
+              gds=_choice("gds", gds, _GDS),
+              align=_count("align", align, "a power of two, or 0 for 256", 2 ** 31))
+    names = _names(names)
+    if names is not None:
+        kw["names"] = names
+    if mmap_private:
+        kw["mmap_private"] = True
+    kw["torch_allocator"] = bool(torch_allocator)
+    return kw

@@ -1,0 +1,130 @@
+/*
+ * _fst_comm.c - tensor parallelism: fst._fst.Comm (an NCCL communicator),
+ * comm_unique_id, and load_sharded, each byte read once in the group.
+ */
+#include "_fst.h"
+
+#include <stdlib.h>
+
+/* ---- Comm: an NCCL communicator for tensor-parallel loads */
+
+typedef struct {
+	PyObject_HEAD
+	fst_comm *comm;
+} CommObject;
+
+static void Comm_dealloc(CommObject *self)
+{
+	fst_comm *c = self->comm;
+	self->comm = NULL;
+	if (c) {
+		Py_BEGIN_ALLOW_THREADS
+		fst_comm_destroy(c);
+		Py_END_ALLOW_THREADS
+	}
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Comm_init(CommObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = {"world", "rank", "unique_id", "device", "timeout_ms", NULL};
+	int world, rank, device, timeout_ms = 0;
+	Py_buffer id;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "iiy*i|i", kwlist, &world, &rank, &id, &device,
+					 &timeout_ms))
+		return -1;
+	if (id.len != FST_COMM_ID_BYTES) {
+		PyBuffer_Release(&id);
+		PyErr_Format(PyExc_ValueError, "unique_id must be %d bytes", FST_COMM_ID_BYTES);
+		return -1;
+	}
+	fst_error err;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = fst_comm_init(world, rank, id.buf, device, timeout_ms, &self->comm, &err);
+	Py_END_ALLOW_THREADS
+	PyBuffer_Release(&id);
+	if (rc) {
+		fstpy_raise(rc, &err);
+		return -1;
+	}
+	return 0;
+}
+
+PyTypeObject fstpy_CommType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fst._fst.Comm",
+	.tp_basicsize = sizeof(CommObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_new = PyType_GenericNew,
+	.tp_init = (initproc)Comm_init,
+	.tp_dealloc = (destructor)Comm_dealloc,
+	.tp_doc = "Comm(world, rank, unique_id, device, timeout_ms=0): an NCCL communicator.",
+};
+
+PyObject *fstpy_comm_unique_id(PyObject *mod, PyObject *unused)
+{
+	(void)mod;
+	(void)unused;
+	unsigned char id[FST_COMM_ID_BYTES];
+	fst_error err;
+	int rc = fst_comm_unique_id(id, &err);
+	if (rc)
+		return fstpy_raise(rc, &err);
+	return PyBytes_FromStringAndSize((const char *)id, FST_COMM_ID_BYTES);
+}
+
+/* load_sharded(checkpoint, comm, dims, io=0, threads=0, staging_bytes=0) */
+PyObject *fstpy_load_sharded(PyObject *mod, PyObject *args, PyObject *kw)
+{
+	(void)mod;
+	static char *kwlist[] = {"checkpoint", "comm", "dims", "io", "threads", "staging_bytes",
+				 NULL};
+	CheckpointObject *ck;
+	CommObject *comm;
+	PyObject *dims_obj;
+	int io = 0;
+	unsigned threads = 0;
+	unsigned long long staging = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O|iIK", kwlist,
+					 &fstpy_CheckpointType, &ck, &fstpy_CommType, &comm,
+					 &dims_obj, &io, &threads, &staging))
+		return NULL;
+	size_t n = fst_checkpoint_tensor_count(ck->ck);
+	PyObject *seq = PySequence_Fast(dims_obj, "dims must be a sequence of ints");
+	if (!seq)
+		return NULL;
+	if ((size_t)PySequence_Fast_GET_SIZE(seq) != n) {
+		Py_DECREF(seq);
+		return PyErr_Format(PyExc_ValueError, "dims has %zd entries for %zu tensors",
+				    PySequence_Fast_GET_SIZE(seq), n);
+	}
+	int *dims = malloc(sizeof(int) * (n ? n : 1));
+	if (!dims) {
+		Py_DECREF(seq);
+		return PyErr_NoMemory();
+	}
+	for (size_t i = 0; i < n; i++) {
+		dims[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+		if (PyErr_Occurred()) {
+			free(dims);
+			Py_DECREF(seq);
+			return NULL;
+		}
+	}
+	Py_DECREF(seq);
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.io = io;
+	o.threads = threads;
+	o.staging_bytes = staging;
+	fst_buffer *buf = NULL;
+	fst_error err;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = fst_load_sharded(ck->ck, &o, comm->comm, dims, &buf, &err);
+	Py_END_ALLOW_THREADS
+	free(dims);
+	if (rc)
+		return fstpy_raise_at(rc, &err, ck->ck, NULL);
+	return fstpy_wrap_buffer(buf);
+}

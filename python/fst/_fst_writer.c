@@ -1,0 +1,130 @@
+/*
+ * _fst_writer.c - fst._fst.save: a safetensors file written from (name,
+ * dtype, shape, bytes) entries, to a path or returned as bytes.
+ */
+#include "_fst.h"
+
+#include <stdlib.h>
+
+PyObject *fstpy_save(PyObject *mod, PyObject *args)
+{
+	(void)mod;
+	/* entries: list of (name, dtype, shape, bytes-like); metadata: dict or
+	 * None; path None: the file's bytes are returned instead of written */
+	PyObject *entries, *metadata, *patharg, *pathobj = NULL;
+	unsigned data_align = 8;
+	if (!PyArg_ParseTuple(args, "OOO|I", &entries, &metadata, &patharg, &data_align))
+		return NULL;
+	if (patharg != Py_None && !PyUnicode_FSConverter(patharg, &pathobj))
+		return NULL;
+	fst_writer_opts wo;
+	fst_writer_opts_init(&wo);
+	wo.data_align = data_align;
+	fst_writer *w = NULL;
+	fst_error err;
+	int rc = fst_writer_new(&wo, &w, &err);
+	PyObject *seq = NULL, *result = NULL;
+	Py_buffer *views = NULL;
+	Py_ssize_t n = 0, nviews = 0;
+	if (rc)
+		goto fail;
+	seq = PySequence_Fast(entries, "entries must be a sequence");
+	if (!seq)
+		goto out;
+	n = PySequence_Fast_GET_SIZE(seq);
+	views = calloc((size_t)(n ? n : 1), sizeof *views);
+	if (!views) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		const char *name, *dtype;
+		PyObject *shape, *data;
+		if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ssOO", &name, &dtype,
+				      &shape, &data))
+			goto out;
+		fst_dtype d = fst_dtype_from_name(dtype);
+		Py_ssize_t nd = PySequence_Length(shape);
+		if (nd < 0)
+			goto out;
+		uint64_t dims[64];
+		if (nd > 64) {
+			PyErr_SetString(PyExc_ValueError, "more than 64 dimensions");
+			goto out;
+		}
+		for (Py_ssize_t k = 0; k < nd; k++) {
+			PyObject *it = PySequence_GetItem(shape, k);
+			dims[k] = it ? PyLong_AsUnsignedLongLong(it) : 0;
+			Py_XDECREF(it);
+			if (PyErr_Occurred())
+				goto out;
+		}
+		if (PyObject_GetBuffer(data, &views[nviews], PyBUF_C_CONTIGUOUS))
+			goto out;
+		nviews++;
+		rc = fst_writer_add(w, name, d, (uint32_t)nd, dims, views[nviews - 1].buf,
+				    (uint64_t)views[nviews - 1].len, &err);
+		if (rc)
+			goto fail;
+	}
+	if (metadata != Py_None) {
+		PyObject *k, *v;
+		Py_ssize_t pos = 0;
+		if (!PyDict_Check(metadata)) {
+			PyErr_SetString(PyExc_TypeError, "metadata must be a dict of str to str");
+			goto out;
+		}
+		while (PyDict_Next(metadata, &pos, &k, &v)) {
+			const char *ks = PyUnicode_AsUTF8(k), *vs = PyUnicode_AsUTF8(v);
+			if (!ks || !vs) {
+				PyErr_SetString(PyExc_TypeError, "metadata must be a dict of str to str");
+				goto out;
+			}
+			if ((rc = fst_writer_metadata(w, ks, vs, &err)))
+				goto fail;
+		}
+	}
+	if (!pathobj) {
+		uint64_t size = 0;
+		if ((rc = fst_writer_size(w, &size, &err)))
+			goto fail;
+		if (size > (uint64_t)PY_SSIZE_T_MAX) {
+			PyErr_NoMemory();
+			goto out;
+		}
+		PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+		if (!bytes)
+			goto out;
+		char *dst = PyBytes_AS_STRING(bytes);
+		Py_BEGIN_ALLOW_THREADS
+		rc = fst_writer_finish_memory(w, dst, size, &err);
+		Py_END_ALLOW_THREADS
+		if (rc) {
+			Py_DECREF(bytes);
+			goto fail;
+		}
+		result = bytes;
+		goto out;
+	}
+	{
+		const char *path = PyBytes_AS_STRING(pathobj);
+		Py_BEGIN_ALLOW_THREADS
+		rc = fst_writer_finish(w, path, &err);
+		Py_END_ALLOW_THREADS
+	}
+	if (rc)
+		goto fail;
+	Py_INCREF(Py_None);
+	result = Py_None;
+	goto out;
+fail:
+	fstpy_raise_at(rc, &err, NULL, pathobj ? PyBytes_AS_STRING(pathobj) : NULL);
+out:
+	for (Py_ssize_t i = 0; i < nviews; i++)
+		PyBuffer_Release(&views[i]);
+	free(views);
+	Py_XDECREF(seq);
+	Py_XDECREF(pathobj);
+	fst_writer_free(w);
+	return result;
+}
