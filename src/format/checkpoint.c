@@ -299,53 +299,57 @@ static int add_file(fst_checkpoint *c, const char *path, size_t cap, fst_error *
 	return 0;
 }
 
-static int open_index(fst_checkpoint *c, const char *index_path, const char *dir, fst_error *err)
+/* The index's JSON. Opened here rather than by json_load_file, which keeps
+ * no errno: the caller tells a missing index from an unreadable one by
+ * sys_errno. */
+static int load_index(const char *index_path, json_t **root, fst_error *err)
 {
-	if (!(c->index_path = fsti_strdup(index_path)))
-		return fsti_err(err, FST_ENOMEM, "out of memory");
-	/* Opened here rather than by json_load_file, which keeps no errno: the
-	 * caller tells a missing index from an unreadable one by sys_errno. */
 	FILE *fp = fopen(index_path, "rbe");
 	if (!fp)
 		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", index_path);
 	json_error_t jerr;
-	json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
+	*root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
 	fclose(fp);
-	if (!root)
+	if (!*root)
 		return fsti_err(err, FST_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)",
 				index_path, jerr.text, jerr.line, jerr.column);
-	int rc = 0;
-	char **shards = NULL;
+	return 0;
+}
+
+/* The index's weight_map: an object that maps at least one tensor. */
+static int weight_map(const char *index_path, json_t *root, json_t **map, fst_error *err)
+{
+	*map = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
+	if (!json_is_object(*map))
+		return fsti_err(err, FST_EFORMAT,
+				"%s: must be an object with a \"weight_map\" object of tensor name "
+				"to shard file name",
+				index_path);
+	if (!json_object_size(*map))
+		return fsti_err(err, FST_EFORMAT,
+				"%s: \"weight_map\" is empty: the index maps no tensor to a shard",
+				index_path);
+	return 0;
+}
+
+/* The shard names of map, each once, sorted, into *out (fsti_free it; the
+ * names are map's). */
+static int shard_names(const char *index_path, json_t *map, char ***out, size_t *n,
+		       fst_error *err)
+{
+	char **shards = fsti_calloc(json_object_size(map) + 1, sizeof *shards);
+	if (!shards)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
 	size_t nshards = 0;
-	json_t *map = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
-	if (!json_is_object(map)) {
-		rc = fsti_err(err, FST_EFORMAT,
-			      "%s: must be an object with a \"weight_map\" object of tensor name "
-			      "to shard file name",
-			      index_path);
-		goto out;
-	}
-	size_t nmap = json_object_size(map);
-	if (!nmap) {
-		rc = fsti_err(err, FST_EFORMAT,
-			      "%s: \"weight_map\" is empty: the index maps no tensor to a shard",
-			      index_path);
-		goto out;
-	}
-	shards = fsti_calloc(nmap + 1, sizeof *shards);
-	if (!shards) {
-		rc = fsti_err(err, FST_ENOMEM, "out of memory");
-		goto out;
-	}
 	const char *tname;
 	json_t *v;
 	json_object_foreach(map, tname, v) {
 		if (!json_is_string(v) || !shard_name_ok(json_string_value(v))) {
-			rc = fsti_err(err, FST_EFORMAT,
-				      "%s: weight_map \"%s\": shard must be a relative file name "
-				      "inside the checkpoint's directory",
-				      index_path, tname);
-			goto out;
+			fsti_free(shards);
+			return fsti_err(err, FST_EFORMAT,
+					"%s: weight_map \"%s\": shard must be a relative file name "
+					"inside the checkpoint's directory",
+					index_path, tname);
 		}
 		shards[nshards++] = (char *)json_string_value(v);
 	}
@@ -354,73 +358,120 @@ static int open_index(fst_checkpoint *c, const char *index_path, const char *dir
 	for (size_t i = 0; i < nshards; i++)
 		if (!unique || strcmp(shards[unique - 1], shards[i]))
 			shards[unique++] = shards[i];
-	rc = check_shard_sets(index_path, shards, unique, err);
-	if (rc)
-		goto out;
-	report_unlisted_shards(index_path, dir, shards, unique);
-	for (size_t i = 0; i < unique; i++) {
-		char *p = join_path(dir, shards[i]);
-		if (!p) {
-			rc = fsti_err(err, FST_ENOMEM, "out of memory");
-			goto out;
-		}
-		struct stat st;
-		if (stat(p, &st)) {
-			int e = errno;
-			const char *example = "";
-			json_object_foreach(map, tname, v)
-				if (!strcmp(json_string_value(v), shards[i])) {
-					example = tname;
-					break;
-				}
-			rc = fsti_err_sys(err, FST_EFORMAT, e,
-					  "%s: shard \"%s\" (of tensor \"%s\") is missing: %s",
-					  index_path, shards[i], example, p);
-			fsti_free(p);
-			goto out;
-		}
+	*out = shards;
+	*n = unique;
+	return 0;
+}
+
+/* Open the index's shard named shard, which must be a file beside it. */
+static int open_shard(fst_checkpoint *c, const char *index_path, const char *dir, json_t *map,
+		      const char *shard, size_t cap, fst_error *err)
+{
+	char *p = join_path(dir, shard);
+	if (!p)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	int rc;
+	struct stat st;
+	if (stat(p, &st)) {
+		int e = errno;
+		const char *example = "", *tname;
+		json_t *v;
+		json_object_foreach(map, tname, v)
+			if (!strcmp(json_string_value(v), shard)) {
+				example = tname;
+				break;
+			}
+		rc = fsti_err_sys(err, FST_EFORMAT, e,
+				  "%s: shard \"%s\" (of tensor \"%s\") is missing: %s", index_path,
+				  shard, example, p);
+	} else if (S_ISDIR(st.st_mode)) {
 		/* "." or a subdirectory: the index is at fault (FST_EFORMAT), not
 		 * the caller, as fst_file_open's FST_EUSAGE would say. */
-		if (S_ISDIR(st.st_mode)) {
-			rc = fsti_err(err, FST_EFORMAT,
-				      "%s: shard \"%s\" is a directory, not a safetensors file: %s",
-				      index_path, shards[i], p);
-			fsti_free(p);
-			goto out;
-		}
-		rc = add_file(c, p, unique, err);
-		fsti_free(p);
-		if (rc)
-			goto out;
+		rc = fsti_err(err, FST_EFORMAT,
+			      "%s: shard \"%s\" is a directory, not a safetensors file: %s",
+			      index_path, shard, p);
+	} else {
+		rc = add_file(c, p, cap, err);
 	}
-	/* Every mapped tensor must be in the shard the map names. */
+	fsti_free(p);
+	return rc;
+}
+
+/* Every mapped tensor must be in the shard the map names (shards: c's
+ * files' names, in order). */
+static int check_mapped(const fst_checkpoint *c, const char *index_path, json_t *map,
+			char *const *shards, size_t nshards, fst_error *err)
+{
+	const char *tname;
+	json_t *v;
 	json_object_foreach(map, tname, v) {
 		const char *shard = json_string_value(v);
 		size_t k = 0;
-		while (k < unique && strcmp(shards[k], shard))
+		while (k < nshards && strcmp(shards[k], shard))
 			k++;
-		if (fst_file_find(c->files[k], tname) < 0) {
-			rc = fsti_err(err, FST_EFORMAT,
-				      "%s: tensor \"%s\" is mapped to shard \"%s\" but that shard has "
-				      "no such tensor",
-				      index_path, tname, shard);
-			goto out;
+		if (fst_file_find(c->files[k], tname) < 0)
+			return fsti_err(err, FST_EFORMAT,
+					"%s: tensor \"%s\" is mapped to shard \"%s\" but that shard "
+					"has no such tensor",
+					index_path, tname, shard);
+	}
+	return 0;
+}
+
+/* Tensors in the shards that the map does not name are kept: say so. */
+static void report_unmapped(const fst_checkpoint *c, const char *index_path, json_t *map)
+{
+	size_t nmap = json_object_size(map);
+	if (c->ntensors <= nmap)
+		return;
+	for (size_t i = 0; i < c->ntensors; i++)
+		if (!json_object_get(map, entry_name(c, i))) {
+			fsti_log(FST_LOG_WARN,
+				 "%s: %zu tensors are in shards but not in weight_map (first: "
+				 "\"%s\" in %s); they are kept",
+				 index_path, c->ntensors - nmap, entry_name(c, i),
+				 c->files[c->entries[i].file]->path);
+			break;
 		}
-	}
-	rc = build_table(c, err);
-	if (!rc && c->ntensors > nmap) {
-		for (size_t i = 0; i < c->ntensors; i++)
-			if (!json_object_get(map, entry_name(c, i))) {
-				fsti_log(FST_LOG_WARN,
-					 "%s: %zu tensors are in shards but not in weight_map "
-					 "(first: \"%s\" in %s); they are kept",
-					 index_path, c->ntensors - nmap, entry_name(c, i),
-					 c->files[c->entries[i].file]->path);
-				break;
-			}
-	}
-out:
+}
+
+/* The shards an index's JSON names, opened and checked against it. */
+static int open_mapped(fst_checkpoint *c, const char *index_path, const char *dir, json_t *root,
+		       fst_error *err)
+{
+	json_t *map;
+	int rc = weight_map(index_path, root, &map, err);
+	if (rc)
+		return rc;
+	char **shards = NULL;
+	size_t n = 0;
+	rc = shard_names(index_path, map, &shards, &n, err);
+	if (rc)
+		return rc;
+	rc = check_shard_sets(index_path, shards, n, err);
+	if (!rc)
+		report_unlisted_shards(index_path, dir, shards, n);
+	for (size_t i = 0; i < n && !rc; i++)
+		rc = open_shard(c, index_path, dir, map, shards[i], n, err);
+	if (!rc)
+		rc = check_mapped(c, index_path, map, shards, n, err);
+	if (!rc)
+		rc = build_table(c, err);
+	if (!rc)
+		report_unmapped(c, index_path, map);
 	fsti_free(shards);
+	return rc;
+}
+
+static int open_index(fst_checkpoint *c, const char *index_path, const char *dir, fst_error *err)
+{
+	if (!(c->index_path = fsti_strdup(index_path)))
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	json_t *root;
+	int rc = load_index(index_path, &root, err);
+	if (rc)
+		return rc;
+	rc = open_mapped(c, index_path, dir, root, err);
 	json_decref(root);
 	return rc;
 }
