@@ -476,83 +476,104 @@ static int open_index(fst_checkpoint *c, const char *index_path, const char *dir
 	return rc;
 }
 
-static int open_directory(fst_checkpoint *c, const char *dir, fst_error *err)
+/* What a directory holds: its *.safetensors files, and the index to use
+ * (model.safetensors.index.json wins over other index files), of nindex. */
+struct listing {
+	char **names;
+	size_t n, cap;
+	char *index;
+	size_t nindex;
+};
+
+static void listing_free(struct listing *l)
 {
-	DIR *d = opendir(dir);
-	if (!d)
-		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open directory", dir);
-	char **names = NULL, *index = NULL;
-	size_t n = 0, cap = 0, nindex = 0;
-	int rc = 0;
+	for (size_t i = 0; i < l->n; i++)
+		fsti_free(l->names[i]);
+	fsti_free(l->names);
+	fsti_free(l->index);
+}
+
+static int list_add(struct listing *l, const char *name, fst_error *err)
+{
+	if (l->n == l->cap) {
+		l->cap = l->cap ? l->cap * 2 : 16;
+		char **grown = fsti_realloc(l->names, l->cap * sizeof *l->names);
+		if (!grown)
+			return fsti_err(err, FST_ENOMEM, "out of memory");
+		l->names = grown;
+	}
+	if (!(l->names[l->n] = fsti_strdup(name)))
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	l->n++;
+	return 0;
+}
+
+/* The directory's entries into l; names starting with '.' are skipped. */
+static int list_directory(DIR *d, struct listing *l, fst_error *err)
+{
 	struct dirent *e;
 	while ((e = readdir(d))) {
 		const char *name = e->d_name;
 		if (name[0] == '.')
 			continue;
 		if (ends_with(name, ".safetensors.index.json")) {
-			nindex++;
-			/* model.safetensors.index.json wins over other index files. */
-			if (!index || !strcmp(name, "model.safetensors.index.json")) {
-				fsti_free(index);
-				index = fsti_strdup(name);
-				if (!index) {
-					rc = fsti_err(err, FST_ENOMEM, "out of memory");
-					goto out;
-				}
+			l->nindex++;
+			if (!l->index || !strcmp(name, "model.safetensors.index.json")) {
+				fsti_free(l->index);
+				l->index = fsti_strdup(name);
+				if (!l->index)
+					return fsti_err(err, FST_ENOMEM, "out of memory");
 			}
 		} else if (ends_with(name, ".safetensors")) {
-			if (n == cap) {
-				cap = cap ? cap * 2 : 16;
-				char **grown = fsti_realloc(names, cap * sizeof *names);
-				if (!grown) {
-					rc = fsti_err(err, FST_ENOMEM, "out of memory");
-					goto out;
-				}
-				names = grown;
-			}
-			if (!(names[n] = fsti_strdup(name))) {
-				rc = fsti_err(err, FST_ENOMEM, "out of memory");
-				goto out;
-			}
-			n++;
+			int rc = list_add(l, name, err);
+			if (rc)
+				return rc;
 		}
 	}
-	if (index) {
-		if (nindex > 1 && strcmp(index, "model.safetensors.index.json")) {
-			rc = fsti_err(err, FST_EFORMAT,
-				      "%s: %zu *.safetensors.index.json files and none is "
-				      "model.safetensors.index.json: name the one to use",
-				      dir, nindex);
-			goto out;
-		}
-		char *p = join_path(dir, index);
-		if (!p) {
-			rc = fsti_err(err, FST_ENOMEM, "out of memory");
-			goto out;
-		}
-		rc = open_index(c, p, dir, err);
-		fsti_free(p);
-		goto out;
-	}
-	if (!n) {
-		rc = fsti_err(err, FST_EFORMAT, "%s: directory holds no *.safetensors files", dir);
-		goto out;
-	}
-	qsort(names, n, sizeof *names, cmp_str);
-	rc = check_shard_sets(dir, names, n, err);
-	for (size_t i = 0; i < n && !rc; i++) {
-		char *p = join_path(dir, names[i]);
-		rc = p ? add_file(c, p, n, err) : fsti_err(err, FST_ENOMEM, "out of memory");
-		fsti_free(p);
-	}
-	if (!rc)
-		rc = build_table(c, err);
-out:
-	for (size_t i = 0; i < n; i++)
-		fsti_free(names[i]);
-	fsti_free(names);
-	fsti_free(index);
+	return 0;
+}
+
+/* A directory with an index: the index says what is loaded. */
+static int open_listed_index(fst_checkpoint *c, const char *dir, const struct listing *l,
+			     fst_error *err)
+{
+	if (l->nindex > 1 && strcmp(l->index, "model.safetensors.index.json"))
+		return fsti_err(err, FST_EFORMAT,
+				"%s: %zu *.safetensors.index.json files and none is "
+				"model.safetensors.index.json: name the one to use",
+				dir, l->nindex);
+	char *p = join_path(dir, l->index);
+	if (!p)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	int rc = open_index(c, p, dir, err);
+	fsti_free(p);
+	return rc;
+}
+
+static int open_directory(fst_checkpoint *c, const char *dir, fst_error *err)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open directory", dir);
+	struct listing l = {0};
+	int rc = list_directory(d, &l, err);
 	closedir(d);
+	if (!rc && l.index) {
+		rc = open_listed_index(c, dir, &l, err);
+	} else if (!rc && !l.n) {
+		rc = fsti_err(err, FST_EFORMAT, "%s: directory holds no *.safetensors files", dir);
+	} else if (!rc) {
+		qsort(l.names, l.n, sizeof *l.names, cmp_str);
+		rc = check_shard_sets(dir, l.names, l.n, err);
+		for (size_t i = 0; i < l.n && !rc; i++) {
+			char *p = join_path(dir, l.names[i]);
+			rc = p ? add_file(c, p, l.n, err) : fsti_err(err, FST_ENOMEM, "out of memory");
+			fsti_free(p);
+		}
+		if (!rc)
+			rc = build_table(c, err);
+	}
+	listing_free(&l);
 	return rc;
 }
 
