@@ -299,53 +299,57 @@ static int add_file(fst_checkpoint *c, const char *path, size_t cap, fst_error *
 	return 0;
 }
 
-static int open_index(fst_checkpoint *c, const char *index_path, const char *dir, fst_error *err)
+/* The index's JSON. Opened here rather than by json_load_file, which keeps
+ * no errno: the caller tells a missing index from an unreadable one by
+ * sys_errno. */
+static int load_index(const char *index_path, json_t **root, fst_error *err)
 {
-	if (!(c->index_path = fsti_strdup(index_path)))
-		return fsti_err(err, FST_ENOMEM, "out of memory");
-	/* Opened here rather than by json_load_file, which keeps no errno: the
-	 * caller tells a missing index from an unreadable one by sys_errno. */
 	FILE *fp = fopen(index_path, "rbe");
 	if (!fp)
 		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", index_path);
 	json_error_t jerr;
-	json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
+	*root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
 	fclose(fp);
-	if (!root)
+	if (!*root)
 		return fsti_err(err, FST_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)",
 				index_path, jerr.text, jerr.line, jerr.column);
-	int rc = 0;
-	char **shards = NULL;
+	return 0;
+}
+
+/* The index's weight_map: an object that maps at least one tensor. */
+static int weight_map(const char *index_path, json_t *root, json_t **map, fst_error *err)
+{
+	*map = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
+	if (!json_is_object(*map))
+		return fsti_err(err, FST_EFORMAT,
+				"%s: must be an object with a \"weight_map\" object of tensor name "
+				"to shard file name",
+				index_path);
+	if (!json_object_size(*map))
+		return fsti_err(err, FST_EFORMAT,
+				"%s: \"weight_map\" is empty: the index maps no tensor to a shard",
+				index_path);
+	return 0;
+}
+
+/* The shard names of map, each once, sorted, into *out (fsti_free it; the
+ * names are map's). */
+static int shard_names(const char *index_path, json_t *map, char ***out, size_t *n,
+		       fst_error *err)
+{
+	char **shards = fsti_calloc(json_object_size(map) + 1, sizeof *shards);
+	if (!shards)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
 	size_t nshards = 0;
-	json_t *map = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
-	if (!json_is_object(map)) {
-		rc = fsti_err(err, FST_EFORMAT,
-			      "%s: must be an object with a \"weight_map\" object of tensor name "
-			      "to shard file name",
-			      index_path);
-		goto out;
-	}
-	size_t nmap = json_object_size(map);
-	if (!nmap) {
-		rc = fsti_err(err, FST_EFORMAT,
-			      "%s: \"weight_map\" is empty: the index maps no tensor to a shard",
-			      index_path);
-		goto out;
-	}
-	shards = fsti_calloc(nmap + 1, sizeof *shards);
-	if (!shards) {
-		rc = fsti_err(err, FST_ENOMEM, "out of memory");
-		goto out;
-	}
 	const char *tname;
 	json_t *v;
 	json_object_foreach(map, tname, v) {
 		if (!json_is_string(v) || !shard_name_ok(json_string_value(v))) {
-			rc = fsti_err(err, FST_EFORMAT,
-				      "%s: weight_map \"%s\": shard must be a relative file name "
-				      "inside the checkpoint's directory",
-				      index_path, tname);
-			goto out;
+			fsti_free(shards);
+			return fsti_err(err, FST_EFORMAT,
+					"%s: weight_map \"%s\": shard must be a relative file name "
+					"inside the checkpoint's directory",
+					index_path, tname);
 		}
 		shards[nshards++] = (char *)json_string_value(v);
 	}
@@ -354,74 +358,195 @@ static int open_index(fst_checkpoint *c, const char *index_path, const char *dir
 	for (size_t i = 0; i < nshards; i++)
 		if (!unique || strcmp(shards[unique - 1], shards[i]))
 			shards[unique++] = shards[i];
-	rc = check_shard_sets(index_path, shards, unique, err);
-	if (rc)
-		goto out;
-	report_unlisted_shards(index_path, dir, shards, unique);
-	for (size_t i = 0; i < unique; i++) {
-		char *p = join_path(dir, shards[i]);
-		if (!p) {
-			rc = fsti_err(err, FST_ENOMEM, "out of memory");
-			goto out;
-		}
-		struct stat st;
-		if (stat(p, &st)) {
-			int e = errno;
-			const char *example = "";
-			json_object_foreach(map, tname, v)
-				if (!strcmp(json_string_value(v), shards[i])) {
-					example = tname;
-					break;
-				}
-			rc = fsti_err_sys(err, FST_EFORMAT, e,
-					  "%s: shard \"%s\" (of tensor \"%s\") is missing: %s",
-					  index_path, shards[i], example, p);
-			fsti_free(p);
-			goto out;
-		}
+	*out = shards;
+	*n = unique;
+	return 0;
+}
+
+/* Open the index's shard named shard, which must be a file beside it. */
+static int open_shard(fst_checkpoint *c, const char *index_path, const char *dir, json_t *map,
+		      const char *shard, size_t cap, fst_error *err)
+{
+	char *p = join_path(dir, shard);
+	if (!p)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	int rc;
+	struct stat st;
+	if (stat(p, &st)) {
+		int e = errno;
+		const char *example = "", *tname;
+		json_t *v;
+		json_object_foreach(map, tname, v)
+			if (!strcmp(json_string_value(v), shard)) {
+				example = tname;
+				break;
+			}
+		rc = fsti_err_sys(err, FST_EFORMAT, e,
+				  "%s: shard \"%s\" (of tensor \"%s\") is missing: %s", index_path,
+				  shard, example, p);
+	} else if (S_ISDIR(st.st_mode)) {
 		/* "." or a subdirectory: the index is at fault (FST_EFORMAT), not
 		 * the caller, as fst_file_open's FST_EUSAGE would say. */
-		if (S_ISDIR(st.st_mode)) {
-			rc = fsti_err(err, FST_EFORMAT,
-				      "%s: shard \"%s\" is a directory, not a safetensors file: %s",
-				      index_path, shards[i], p);
-			fsti_free(p);
-			goto out;
-		}
-		rc = add_file(c, p, unique, err);
-		fsti_free(p);
-		if (rc)
-			goto out;
+		rc = fsti_err(err, FST_EFORMAT,
+			      "%s: shard \"%s\" is a directory, not a safetensors file: %s",
+			      index_path, shard, p);
+	} else {
+		rc = add_file(c, p, cap, err);
 	}
-	/* Every mapped tensor must be in the shard the map names. */
+	fsti_free(p);
+	return rc;
+}
+
+/* Every mapped tensor must be in the shard the map names (shards: c's
+ * files' names, in order). */
+static int check_mapped(const fst_checkpoint *c, const char *index_path, json_t *map,
+			char *const *shards, size_t nshards, fst_error *err)
+{
+	const char *tname;
+	json_t *v;
 	json_object_foreach(map, tname, v) {
 		const char *shard = json_string_value(v);
 		size_t k = 0;
-		while (k < unique && strcmp(shards[k], shard))
+		while (k < nshards && strcmp(shards[k], shard))
 			k++;
-		if (fst_file_find(c->files[k], tname) < 0) {
-			rc = fsti_err(err, FST_EFORMAT,
-				      "%s: tensor \"%s\" is mapped to shard \"%s\" but that shard has "
-				      "no such tensor",
-				      index_path, tname, shard);
-			goto out;
+		if (fst_file_find(c->files[k], tname) < 0)
+			return fsti_err(err, FST_EFORMAT,
+					"%s: tensor \"%s\" is mapped to shard \"%s\" but that shard "
+					"has no such tensor",
+					index_path, tname, shard);
+	}
+	return 0;
+}
+
+/* Tensors in the shards that the map does not name are kept: say so. */
+static void report_unmapped(const fst_checkpoint *c, const char *index_path, json_t *map)
+{
+	size_t nmap = json_object_size(map);
+	if (c->ntensors <= nmap)
+		return;
+	for (size_t i = 0; i < c->ntensors; i++)
+		if (!json_object_get(map, entry_name(c, i))) {
+			fsti_log(FST_LOG_WARN,
+				 "%s: %zu tensors are in shards but not in weight_map (first: "
+				 "\"%s\" in %s); they are kept",
+				 index_path, c->ntensors - nmap, entry_name(c, i),
+				 c->files[c->entries[i].file]->path);
+			break;
+		}
+}
+
+/* The shards an index's JSON names, opened and checked against it. */
+static int open_mapped(fst_checkpoint *c, const char *index_path, const char *dir, json_t *root,
+		       fst_error *err)
+{
+	json_t *map;
+	int rc = weight_map(index_path, root, &map, err);
+	if (rc)
+		return rc;
+	char **shards = NULL;
+	size_t n = 0;
+	rc = shard_names(index_path, map, &shards, &n, err);
+	if (rc)
+		return rc;
+	rc = check_shard_sets(index_path, shards, n, err);
+	if (!rc)
+		report_unlisted_shards(index_path, dir, shards, n);
+	for (size_t i = 0; i < n && !rc; i++)
+		rc = open_shard(c, index_path, dir, map, shards[i], n, err);
+	if (!rc)
+		rc = check_mapped(c, index_path, map, shards, n, err);
+	if (!rc)
+		rc = build_table(c, err);
+	if (!rc)
+		report_unmapped(c, index_path, map);
+	fsti_free(shards);
+	return rc;
+}
+
+static int open_index(fst_checkpoint *c, const char *index_path, const char *dir, fst_error *err)
+{
+	if (!(c->index_path = fsti_strdup(index_path)))
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	json_t *root;
+	int rc = load_index(index_path, &root, err);
+	if (rc)
+		return rc;
+	rc = open_mapped(c, index_path, dir, root, err);
+	json_decref(root);
+	return rc;
+}
+
+/* What a directory holds: its *.safetensors files, and the index to use
+ * (model.safetensors.index.json wins over other index files), of nindex. */
+struct listing {
+	char **names;
+	size_t n, cap;
+	char *index;
+	size_t nindex;
+};
+
+static void listing_free(struct listing *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		fsti_free(l->names[i]);
+	fsti_free(l->names);
+	fsti_free(l->index);
+}
+
+static int list_add(struct listing *l, const char *name, fst_error *err)
+{
+	if (l->n == l->cap) {
+		l->cap = l->cap ? l->cap * 2 : 16;
+		char **grown = fsti_realloc(l->names, l->cap * sizeof *l->names);
+		if (!grown)
+			return fsti_err(err, FST_ENOMEM, "out of memory");
+		l->names = grown;
+	}
+	if (!(l->names[l->n] = fsti_strdup(name)))
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	l->n++;
+	return 0;
+}
+
+/* The directory's entries into l; names starting with '.' are skipped. */
+static int list_directory(DIR *d, struct listing *l, fst_error *err)
+{
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		const char *name = e->d_name;
+		if (name[0] == '.')
+			continue;
+		if (ends_with(name, ".safetensors.index.json")) {
+			l->nindex++;
+			if (!l->index || !strcmp(name, "model.safetensors.index.json")) {
+				fsti_free(l->index);
+				l->index = fsti_strdup(name);
+				if (!l->index)
+					return fsti_err(err, FST_ENOMEM, "out of memory");
+			}
+		} else if (ends_with(name, ".safetensors")) {
+			int rc = list_add(l, name, err);
+			if (rc)
+				return rc;
 		}
 	}
-	rc = build_table(c, err);
-	if (!rc && c->ntensors > nmap) {
-		for (size_t i = 0; i < c->ntensors; i++)
-			if (!json_object_get(map, entry_name(c, i))) {
-				fsti_log(FST_LOG_WARN,
-					 "%s: %zu tensors are in shards but not in weight_map "
-					 "(first: \"%s\" in %s); they are kept",
-					 index_path, c->ntensors - nmap, entry_name(c, i),
-					 c->files[c->entries[i].file]->path);
-				break;
-			}
-	}
-out:
-	fsti_free(shards);
-	json_decref(root);
+	return 0;
+}
+
+/* A directory with an index: the index says what is loaded. */
+static int open_listed_index(fst_checkpoint *c, const char *dir, const struct listing *l,
+			     fst_error *err)
+{
+	if (l->nindex > 1 && strcmp(l->index, "model.safetensors.index.json"))
+		return fsti_err(err, FST_EFORMAT,
+				"%s: %zu *.safetensors.index.json files and none is "
+				"model.safetensors.index.json: name the one to use",
+				dir, l->nindex);
+	char *p = join_path(dir, l->index);
+	if (!p)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	int rc = open_index(c, p, dir, err);
+	fsti_free(p);
 	return rc;
 }
 
@@ -430,78 +555,25 @@ static int open_directory(fst_checkpoint *c, const char *dir, fst_error *err)
 	DIR *d = opendir(dir);
 	if (!d)
 		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open directory", dir);
-	char **names = NULL, *index = NULL;
-	size_t n = 0, cap = 0, nindex = 0;
-	int rc = 0;
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		const char *name = e->d_name;
-		if (name[0] == '.')
-			continue;
-		if (ends_with(name, ".safetensors.index.json")) {
-			nindex++;
-			/* model.safetensors.index.json wins over other index files. */
-			if (!index || !strcmp(name, "model.safetensors.index.json")) {
-				fsti_free(index);
-				index = fsti_strdup(name);
-				if (!index) {
-					rc = fsti_err(err, FST_ENOMEM, "out of memory");
-					goto out;
-				}
-			}
-		} else if (ends_with(name, ".safetensors")) {
-			if (n == cap) {
-				cap = cap ? cap * 2 : 16;
-				char **grown = fsti_realloc(names, cap * sizeof *names);
-				if (!grown) {
-					rc = fsti_err(err, FST_ENOMEM, "out of memory");
-					goto out;
-				}
-				names = grown;
-			}
-			if (!(names[n] = fsti_strdup(name))) {
-				rc = fsti_err(err, FST_ENOMEM, "out of memory");
-				goto out;
-			}
-			n++;
-		}
-	}
-	if (index) {
-		if (nindex > 1 && strcmp(index, "model.safetensors.index.json")) {
-			rc = fsti_err(err, FST_EFORMAT,
-				      "%s: %zu *.safetensors.index.json files and none is "
-				      "model.safetensors.index.json: name the one to use",
-				      dir, nindex);
-			goto out;
-		}
-		char *p = join_path(dir, index);
-		if (!p) {
-			rc = fsti_err(err, FST_ENOMEM, "out of memory");
-			goto out;
-		}
-		rc = open_index(c, p, dir, err);
-		fsti_free(p);
-		goto out;
-	}
-	if (!n) {
-		rc = fsti_err(err, FST_EFORMAT, "%s: directory holds no *.safetensors files", dir);
-		goto out;
-	}
-	qsort(names, n, sizeof *names, cmp_str);
-	rc = check_shard_sets(dir, names, n, err);
-	for (size_t i = 0; i < n && !rc; i++) {
-		char *p = join_path(dir, names[i]);
-		rc = p ? add_file(c, p, n, err) : fsti_err(err, FST_ENOMEM, "out of memory");
-		fsti_free(p);
-	}
-	if (!rc)
-		rc = build_table(c, err);
-out:
-	for (size_t i = 0; i < n; i++)
-		fsti_free(names[i]);
-	fsti_free(names);
-	fsti_free(index);
+	struct listing l = {0};
+	int rc = list_directory(d, &l, err);
 	closedir(d);
+	if (!rc && l.index) {
+		rc = open_listed_index(c, dir, &l, err);
+	} else if (!rc && !l.n) {
+		rc = fsti_err(err, FST_EFORMAT, "%s: directory holds no *.safetensors files", dir);
+	} else if (!rc) {
+		qsort(l.names, l.n, sizeof *l.names, cmp_str);
+		rc = check_shard_sets(dir, l.names, l.n, err);
+		for (size_t i = 0; i < l.n && !rc; i++) {
+			char *p = join_path(dir, l.names[i]);
+			rc = p ? add_file(c, p, l.n, err) : fsti_err(err, FST_ENOMEM, "out of memory");
+			fsti_free(p);
+		}
+		if (!rc)
+			rc = build_table(c, err);
+	}
+	listing_free(&l);
 	return rc;
 }
 

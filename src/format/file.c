@@ -135,11 +135,11 @@ int fsti_file_check_unchanged(const fst_file *f, const char *when, fst_error *er
  * wait, at most a few ticks (a clock skewed into the future is not waited
  * for).
  */
-static int stat_settled(int fd, struct stat *st)
+static int stat_settled(const fst_file *f, struct stat *st, fst_error *err)
 {
 	for (int tries = 0;; tries++) {
-		if (fstat(fd, st))
-			return -1;
+		if (fstat(f->fd, st))
+			return fsti_err_sys(err, FST_EIO, errno, "%s: cannot stat", f->path);
 		struct timespec now;
 		if (tries == 20 || clock_gettime(CLOCK_REALTIME_COARSE, &now) ||
 		    timespec_ns(&now) > timespec_ns(&st->st_ctim))
@@ -152,8 +152,9 @@ static int stat_settled(int fd, struct stat *st)
 static int open_from_fd(fst_file *f, fst_error *err)
 {
 	struct stat st;
-	if (stat_settled(f->fd, &st))
-		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot stat", f->path);
+	int rc = stat_settled(f, &st, err);
+	if (rc)
+		return rc;
 	if (S_ISDIR(st.st_mode))
 		return fsti_err(err, FST_EUSAGE, "%s: is a directory, not a safetensors file",
 				f->path);
@@ -177,7 +178,7 @@ static int open_from_fd(fst_file *f, fst_error *err)
 	if ((uint64_t)got < FSTI_MIN(8, f->size))
 		return fsti_err(err, FST_ECHANGED, "%s: file shrank while being opened", f->path);
 	uint64_t hlen;
-	int rc = check_lengths(f->path, f->size, prefix, &hlen, err);
+	rc = check_lengths(f->path, f->size, prefix, &hlen, err);
 	if (rc)
 		return rc;
 	char *header = fsti_malloc(hlen ? hlen : 1);

@@ -143,6 +143,48 @@ static int parse_metadata(fst_file *f, const char *name, json_t *meta, fst_error
 	return 0;
 }
 
+/* t's element count fits, makes whole bytes, and is what its data_offsets
+ * span; sets t->numel. */
+static int check_size(const char *name, const char *tname, struct fsti_tensor *t,
+		      fst_error *err)
+{
+	char sh[128];
+	fsti_format_shape(sh, sizeof sh, t->ndim, t->shape);
+	uint64_t numel = 1;
+	for (uint32_t i = 0; i < t->ndim; i++) {
+		if (t->shape[i] && numel > UINT64_MAX / t->shape[i])
+			return fsti_err(err, FST_EFORMAT,
+					"%s: tensor \"%s\": shape %s has more elements than fit in "
+					"64 bits",
+					name, tname, sh);
+		numel *= t->shape[i];
+	}
+	t->numel = numel;
+	unsigned bits = fst_dtype_bits(t->dtype);
+	if (numel > UINT64_MAX / bits)
+		return fsti_err(err, FST_EFORMAT,
+				"%s: tensor \"%s\": shape %s of %s has more bits than fit in 64 bits",
+				name, tname, sh, fst_dtype_name(t->dtype));
+	uint64_t total_bits = numel * bits;
+	if (total_bits % 8)
+		return fsti_err(err, FST_EFORMAT,
+				"%s: tensor \"%s\": shape %s of %s is %" PRIu64
+				" bits, not a whole number of bytes",
+				name, tname, sh, fst_dtype_name(t->dtype), total_bits);
+	if (t->end < t->begin)
+		return fsti_err(err, FST_EFORMAT,
+				"%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
+				"] end before begin",
+				name, tname, t->begin, t->end);
+	if (t->end - t->begin != total_bits / 8)
+		return fsti_err(err, FST_EFORMAT,
+				"%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
+				"] but shape %s of %s needs %" PRIu64 " bytes",
+				name, tname, t->begin, t->end, sh, fst_dtype_name(t->dtype),
+				total_bits / 8);
+	return 0;
+}
+
 /* Check one tensor entry and fill t (name and shape already point into the
  * arena). */
 static int parse_tensor(const char *name, const char *tname, json_t *info,
@@ -189,42 +231,7 @@ static int parse_tensor(const char *name, const char *tname, json_t *info,
 				"%s: tensor \"%s\": data_offsets must be [begin, end], two "
 				"non-negative integers",
 				name, tname);
-
-	char sh[128];
-	fsti_format_shape(sh, sizeof sh, t->ndim, t->shape);
-	uint64_t numel = 1;
-	for (uint32_t i = 0; i < t->ndim; i++) {
-		if (t->shape[i] && numel > UINT64_MAX / t->shape[i])
-			return fsti_err(err, FST_EFORMAT,
-					"%s: tensor \"%s\": shape %s has more elements than fit in "
-					"64 bits",
-					name, tname, sh);
-		numel *= t->shape[i];
-	}
-	t->numel = numel;
-	unsigned bits = fst_dtype_bits(t->dtype);
-	if (numel > UINT64_MAX / bits)
-		return fsti_err(err, FST_EFORMAT,
-				"%s: tensor \"%s\": shape %s of %s has more bits than fit in 64 bits",
-				name, tname, sh, fst_dtype_name(t->dtype));
-	uint64_t total_bits = numel * bits;
-	if (total_bits % 8)
-		return fsti_err(err, FST_EFORMAT,
-				"%s: tensor \"%s\": shape %s of %s is %" PRIu64
-				" bits, not a whole number of bytes",
-				name, tname, sh, fst_dtype_name(t->dtype), total_bits);
-	if (t->end < t->begin)
-		return fsti_err(err, FST_EFORMAT,
-				"%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
-				"] end before begin",
-				name, tname, t->begin, t->end);
-	if (t->end - t->begin != total_bits / 8)
-		return fsti_err(err, FST_EFORMAT,
-				"%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64
-				"] but shape %s of %s needs %" PRIu64 " bytes",
-				name, tname, t->begin, t->end, sh, fst_dtype_name(t->dtype),
-				total_bits / 8);
-	return 0;
+	return check_size(name, tname, t, err);
 }
 
 /* After sorting: tensors must tile [0, data_len) with no hole or overlap. */
@@ -263,49 +270,47 @@ static int check_coverage(const fst_file *f, const char *name, uint64_t data_len
 	return 0;
 }
 
-int fsti_parse_header(fst_file *f, const char *name, const char *header, size_t len,
-		      uint64_t data_len, fst_error *err)
+/* The message for a header jansson would not parse. */
+static int json_failure(const char *name, const char *header, size_t len,
+			const json_error_t *jerr, fst_error *err)
 {
-	size_t bad = utf8_check((const unsigned char *)header, len);
-	if (bad != len)
+	if (json_error_code(jerr) == json_error_duplicate_key) {
+		char key[256];
+		duplicate_key_name(header, (size_t)jerr->position, key, sizeof key);
 		return fsti_err(err, FST_EFORMAT,
-				"%s: header is not valid UTF-8 (byte %zu of the header)", name, bad);
-
-	json_error_t jerr;
-	json_t *root = json_loadb(header, len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!root) {
-		if (json_error_code(&jerr) == json_error_duplicate_key) {
-			char key[256];
-			duplicate_key_name(header, (size_t)jerr.position, key, sizeof key);
-			return fsti_err(err, FST_EFORMAT,
-					"%s: duplicate key \"%s\" in header (line %d, column %d)",
-					name, key, jerr.line, jerr.column);
-		}
-		/* jansson's own text for this case ("end of file expected near
-		 * end of file" for NUL padding) hides the cause: say it is
-		 * padding or garbage after the object, and show the byte. */
-		size_t at = jerr.position > 0 ? (size_t)jerr.position - 1 : 0;
-		/* position is past the whole offending character: back up to its
-		 * first byte. */
-		while (at > 0 && at < len && ((unsigned char)header[at] & 0xC0) == 0x80)
-			at--;
-		if (json_error_code(&jerr) == json_error_end_of_input_expected && at < len)
-			return fsti_err(err, FST_EFORMAT,
-					"%s: header is not valid JSON: byte %zu of the header (0x%02x) "
-					"follows the JSON object, where only whitespace may (NUL "
-					"padding is not allowed)",
-					name, at, (unsigned char)header[at]);
+				"%s: duplicate key \"%s\" in header (line %d, column %d)", name, key,
+				jerr->line, jerr->column);
+	}
+	/* jansson's own text for this case ("end of file expected near end of
+	 * file" for NUL padding) hides the cause: say it is padding or garbage
+	 * after the object, and show the byte. */
+	size_t at = jerr->position > 0 ? (size_t)jerr->position - 1 : 0;
+	/* position is past the whole offending character: back up to its
+	 * first byte. */
+	while (at > 0 && at < len && ((unsigned char)header[at] & 0xC0) == 0x80)
+		at--;
+	if (json_error_code(jerr) == json_error_end_of_input_expected && at < len)
 		return fsti_err(err, FST_EFORMAT,
-				"%s: header is not valid JSON: %s (line %d, column %d)", name,
-				jerr.text, jerr.line, jerr.column);
-	}
-	int rc = 0;
-	if (!json_is_object(root)) {
-		rc = fsti_err(err, FST_EFORMAT, "%s: header must be a JSON object", name);
-		goto out;
-	}
+				"%s: header is not valid JSON: byte %zu of the header (0x%02x) "
+				"follows the JSON object, where only whitespace may (NUL "
+				"padding is not allowed)",
+				name, at, (unsigned char)header[at]);
+	return fsti_err(err, FST_EFORMAT, "%s: header is not valid JSON: %s (line %d, column %d)",
+			name, jerr->text, jerr->line, jerr->column);
+}
 
-	/* One arena for names and shapes: size it first. */
+/* The shape array of a tensor entry, when it is one. */
+static json_t *entry_shape(json_t *v)
+{
+	json_t *shape = json_is_object(v) ? json_object_get(v, "shape") : NULL;
+	return json_is_array(shape) ? shape : NULL;
+}
+
+/* One arena for names and shapes, sized first, and the tensor table;
+ * *shape_bytes is the part of the arena that holds shapes. */
+static int alloc_tables(fst_file *f, const char *name, json_t *root, size_t *shape_bytes,
+			fst_error *err)
+{
 	size_t ntensors = 0, name_bytes = 0, shape_words = 0;
 	const char *key;
 	json_t *v;
@@ -314,26 +319,34 @@ int fsti_parse_header(fst_file *f, const char *name, const char *header, size_t 
 			continue;
 		ntensors++;
 		name_bytes += strlen(key) + 1;
-		json_t *shape = json_is_object(v) ? json_object_get(v, "shape") : NULL;
-		if (json_is_array(shape))
+		json_t *shape = entry_shape(v);
+		if (shape)
 			shape_words += json_array_size(shape) + 1;
 	}
+	*shape_bytes = shape_words * sizeof(uint64_t);
 	f->tensors = fsti_calloc(ntensors, sizeof *f->tensors);
-	f->arena = fsti_malloc(shape_words * sizeof(uint64_t) + name_bytes);
-	if (!f->tensors || !f->arena) {
-		rc = fsti_err(err, FST_ENOMEM, "%s: out of memory for %zu tensors", name,
-			      ntensors);
-		goto out;
-	}
-	/* Shapes first (8-byte aligned), names after. */
-	uint64_t *shapes = (uint64_t *)(void *)f->arena;
-	char *names = f->arena + shape_words * sizeof(uint64_t);
+	f->arena = fsti_malloc(*shape_bytes + name_bytes);
+	if (!f->tensors || !f->arena)
+		return fsti_err(err, FST_ENOMEM, "%s: out of memory for %zu tensors", name,
+				ntensors);
+	return 0;
+}
 
+/* Every entry of the header: the metadata, and each tensor, its name and
+ * shape placed in the arena (shapes first, 8-byte aligned; names after). */
+static int parse_entries(fst_file *f, const char *name, json_t *root, size_t shape_bytes,
+			 fst_error *err)
+{
+	uint64_t *shapes = (uint64_t *)(void *)f->arena;
+	char *names = f->arena + shape_bytes;
+	const char *key;
+	json_t *v;
 	json_object_foreach(root, key, v) {
+		int rc;
 		if (!strcmp(key, "__metadata__")) {
 			rc = parse_metadata(f, name, v, err);
 			if (rc)
-				goto out;
+				return rc;
 			continue;
 		}
 		struct fsti_tensor *t = &f->tensors[f->ntensors++];
@@ -342,27 +355,54 @@ int fsti_parse_header(fst_file *f, const char *name, const char *header, size_t 
 		t->name = names;
 		names += klen;
 		t->shape = shapes;
-		json_t *shape = json_is_object(v) ? json_object_get(v, "shape") : NULL;
-		if (json_is_array(shape))
+		json_t *shape = entry_shape(v);
+		if (shape)
 			shapes += json_array_size(shape) + 1;
 		rc = parse_tensor(name, key, v, t, err);
 		if (rc)
-			goto out;
+			return rc;
 	}
+	return 0;
+}
 
+/* The tensors of a parsed header object, checked and indexed. */
+static int parse_root(fst_file *f, const char *name, json_t *root, uint64_t data_len,
+		      fst_error *err)
+{
+	if (!json_is_object(root))
+		return fsti_err(err, FST_EFORMAT, "%s: header must be a JSON object", name);
+	size_t shape_bytes;
+	int rc = alloc_tables(f, name, root, &shape_bytes, err);
+	if (!rc)
+		rc = parse_entries(f, name, root, shape_bytes, err);
+	if (rc)
+		return rc;
 	qsort(f->tensors, f->ntensors, sizeof *f->tensors, cmp_offsets);
 	rc = check_coverage(f, name, data_len, err);
 	if (rc)
-		goto out;
-
+		return rc;
 	size_t a, b;
 	int dup = fsti_names_build(&f->by_name, f->ntensors, fsti_tensor_name_of, f, &a, &b);
 	if (dup < 0)
-		rc = fsti_err(err, FST_ENOMEM, "%s: out of memory for the name table", name);
-	else if (dup > 0)
-		rc = fsti_err(err, FST_EFORMAT, "%s: duplicate key \"%s\" in header", name,
-			      f->tensors[b].name);
-out:
+		return fsti_err(err, FST_ENOMEM, "%s: out of memory for the name table", name);
+	if (dup > 0)
+		return fsti_err(err, FST_EFORMAT, "%s: duplicate key \"%s\" in header", name,
+				f->tensors[b].name);
+	return 0;
+}
+
+int fsti_parse_header(fst_file *f, const char *name, const char *header, size_t len,
+		      uint64_t data_len, fst_error *err)
+{
+	size_t bad = utf8_check((const unsigned char *)header, len);
+	if (bad != len)
+		return fsti_err(err, FST_EFORMAT,
+				"%s: header is not valid UTF-8 (byte %zu of the header)", name, bad);
+	json_error_t jerr;
+	json_t *root = json_loadb(header, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root)
+		return json_failure(name, header, len, &jerr, err);
+	int rc = parse_root(f, name, root, data_len, err);
 	json_decref(root);
 	return rc;
 }

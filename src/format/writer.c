@@ -296,44 +296,43 @@ static int layout(fst_writer *w, char **header, size_t *hlen, uint64_t *total, f
 	return rc;
 }
 
-/* Where the bytes go: a descriptor, or memory the caller sized. */
+/* Where the bytes go: a descriptor (path names it in messages), or memory
+ * the caller sized. */
 struct sink {
 	int fd;
+	const char *path;
 	char *mem;
 	uint64_t at;
 };
 
-static int sink_write(struct sink *s, const void *buf, size_t len)
+static int sink_write(struct sink *s, const void *buf, size_t len, fst_error *err)
 {
 	if (s->mem) {
 		memcpy(s->mem + s->at, buf, len);
 		s->at += len;
 		return 0;
 	}
-	return write_full(s->fd, buf, len);
+	int e = write_full(s->fd, buf, len);
+	return e ? fsti_err_sys(err, FST_EIO, -e, "%s: write failed", s->path) : 0;
 }
 
-/* The header, then every tensor's bytes. Returns 0, a negative errno from
- * the sink (*sys set), or an FST_E* code with err filled. */
-static int emit(fst_writer *w, const char *header, size_t hlen, struct sink *s, int *sys,
-		fst_error *err)
+/* The header, then every tensor's bytes. */
+static int emit(fst_writer *w, const char *header, size_t hlen, struct sink *s, fst_error *err)
 {
-	*sys = 0;
-	int e = sink_write(s, header, hlen);
+	int rc = sink_write(s, header, hlen, err);
 	const size_t chunk_size = 4u << 20;
 	char *chunk = NULL;
-	int rc = 0;
-	for (size_t i = 0; i < w->n && !e && !rc; i++) {
+	for (size_t i = 0; i < w->n && !rc; i++) {
 		struct wtensor *t = &w->t[i];
 		if (!t->fill) {
-			e = sink_write(s, t->data, t->nbytes);
+			rc = sink_write(s, t->data, t->nbytes, err);
 			continue;
 		}
 		if (!chunk && !(chunk = fsti_malloc(chunk_size))) {
 			rc = fsti_err(err, FST_ENOMEM, "writer: out of memory");
 			break;
 		}
-		for (uint64_t o = 0; o < t->nbytes && !e; o += chunk_size) {
+		for (uint64_t o = 0; o < t->nbytes && !rc; o += chunk_size) {
 			size_t len = (size_t)FSTI_MIN((uint64_t)chunk_size, t->nbytes - o);
 			rc = t->fill(t->ctx, chunk, o, len);
 			if (rc) {
@@ -341,12 +340,10 @@ static int emit(fst_writer *w, const char *header, size_t hlen, struct sink *s, 
 					      t->name, fst_strerror(rc));
 				break;
 			}
-			e = sink_write(s, chunk, len);
+			rc = sink_write(s, chunk, len, err);
 		}
 	}
 	fsti_free(chunk);
-	if (!rc && e)
-		*sys = e;
 	return rc;
 }
 
@@ -380,8 +377,7 @@ int fst_writer_finish_memory(fst_writer *w, void *dst, uint64_t size, fst_error 
 				total);
 	}
 	struct sink s = {.fd = -1, .mem = dst};
-	int sys;
-	rc = emit(w, header, hlen, &s, &sys, err);
+	rc = emit(w, header, hlen, &s, err);
 	fsti_free(header);
 	return rc;
 }
@@ -411,15 +407,10 @@ int fst_writer_finish(fst_writer *w, const char *path, fst_error *err)
 		rc = fsti_err_sys(err, FST_EIO, errno, "%s: cannot create", tmp);
 		goto out;
 	}
-	struct sink s = {.fd = fd};
-	int e;
-	rc = emit(w, header, hlen, &s, &e, err);
+	struct sink s = {.fd = fd, .path = tmp};
+	rc = emit(w, header, hlen, &s, err);
 	if (rc)
 		goto out;
-	if (e) {
-		rc = fsti_err_sys(err, FST_EIO, -e, "%s: write failed", tmp);
-		goto out;
-	}
 	if (close(fd)) {
 		fd = -1;
 		rc = fsti_err_sys(err, FST_EIO, errno, "%s: write failed", tmp);

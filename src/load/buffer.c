@@ -71,6 +71,34 @@ int fsti_buffer_new(const fst_checkpoint *ck, const struct fsti_plan *plan,
 	return 0;
 }
 
+int fsti_buffer_new_sharded(const fst_checkpoint *ck, const struct fsti_dist *d,
+			    struct fst_buffer **out, fst_error *err)
+{
+	struct fsti_plan table = {0};
+	table.t = fsti_calloc(d->n + 1, sizeof *table.t);
+	if (!table.t)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	for (size_t i = 0; i < d->n; i++)
+		table.t[i].entry = d->t[i].entry;
+	table.nt = d->n;
+	int rc = fsti_buffer_new(ck, &table, out, err);
+	fsti_free(table.t);
+	if (rc)
+		return rc;
+	/* the shapes are the arena's first words, tensor after tensor */
+	struct fst_buffer *b = *out;
+	uint64_t *shape = (uint64_t *)(void *)b->arena;
+	b->tensor_bytes = 0;
+	for (size_t i = 0; i < b->nt; i++) {
+		if (d->t[i].dim >= 0)
+			shape[d->t[i].dim] = d->t[i].len;
+		shape += b->t[i].ndim;
+		b->t[i].nbytes = d->t[i].shard_bytes;
+		b->tensor_bytes += b->t[i].nbytes;
+	}
+	return 0;
+}
+
 void fsti_buffer_destroy(struct fst_buffer *b)
 {
 	if (!b)

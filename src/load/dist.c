@@ -224,8 +224,9 @@ static int check_nccl(fst_comm *c, int r, const char *what, fst_error *err)
 	return comm_fail(c, FST_EDEVICE, err, m, r);
 }
 
-/* Did every rank succeed? An all-reduce of a flag, bounded in time. */
-static int agree(fst_comm *c, CUdeviceptr flag, int failed, fst_error *err)
+/* Did every rank succeed? An all-reduce of a flag, bounded in time: *any
+ * is whether some rank failed. */
+static int agree(fst_comm *c, CUdeviceptr flag, bool failed, bool *any, fst_error *err)
 {
 	int32_t v = failed ? 1 : 0;
 	CUresult cr = c->cu->cuMemcpyHtoDAsync_v2(flag, &v, sizeof v, c->stream);
@@ -235,16 +236,17 @@ static int agree(fst_comm *c, CUdeviceptr flag, int failed, fst_error *err)
 							      (void *)(uintptr_t)flag, 1,
 							      FSTI_NCCL_INT32, FSTI_NCCL_MAX,
 							      c->comm, c->stream);
-	if (check_nccl(c, r, "ncclAllReduce of the read status", err))
-		return FST_EDEVICE;
-	int rc = wait_stream(c, "agreeing on the read status", err);
+	int rc = check_nccl(c, r, "ncclAllReduce of the read status", err);
+	if (!rc)
+		rc = wait_stream(c, "agreeing on the read status", err);
 	if (rc)
 		return rc;
-	int32_t any = 0;
-	cr = c->cu->cuMemcpyDtoH_v2(&any, flag, sizeof any);
+	int32_t max = 0;
+	cr = c->cu->cuMemcpyDtoH_v2(&max, flag, sizeof max);
 	if (cr)
 		return comm_fail(c, FST_EDEVICE, err, "cannot read the status flag", cr);
-	return any;
+	*any = max != 0;
+	return 0;
 }
 
 static void release_dist(struct fst_buffer *b)
@@ -252,202 +254,256 @@ static void release_dist(struct fst_buffer *b)
 	fsti_cuda_release_device_buffer(b);
 }
 
-int fst_load_sharded(const fst_checkpoint *ck, const fst_load_opts *opts_in, fst_comm *c,
-		     const int *dims, fst_buffer **out, fst_error *err)
-{
-	fsti_err_clear(err);
-	if (!ck || !c || !out)
-		return fsti_err(err, FST_EUSAGE, "fst_load_sharded: checkpoint, comm and out are "
-						 "required");
-	*out = NULL;
-	if (c->broken || !c->comm)
-		return fsti_err(err, FST_EDEVICE, "rank %d: the communicator was aborted by an "
-						  "earlier failure",
-				c->rank);
+/* One sharded load. */
+struct sharded {
+	const fst_checkpoint *ck;
+	fst_comm *c;
 	fst_load_opts opts;
-	fst_load_opts_init(&opts);
-	if (opts_in)
-		memcpy(&opts, opts_in, FSTI_MIN(opts_in->struct_size, sizeof opts));
-	opts.struct_size = sizeof opts;
-	if (opts.on_landed)
-		return fsti_err(err, FST_EUSAGE, "fst_load_sharded: on_landed is not supported (a "
-						 "rank sees only its slices)");
 	char device[32];
-	snprintf(device, sizeof device, "cuda:%d", c->device);
-	opts.device = device;
-	opts.gds = FST_GDS_OFF; /* pieces go through staging */
-	uint32_t align = opts.align ? opts.align : 256;
-	if (align & (align - 1))
-		return fsti_err(err, FST_EUSAGE, "align %u is not a power of two", align);
-
 	struct fsti_dist d;
-	int rc = fsti_dist_layout(ck, opts.filter, opts.filter_ctx, dims, c->world, c->rank, align,
-				  &d, err);
+	struct fst_buffer *b;
+	struct fsti_plan_tensor *pieces; /* one group's reads */
+	CUdeviceptr scratch, temp, flag;
+	/* this rank's first read failure: it goes on with the collectives, and
+	 * the ranks agree on it at the end */
+	int read_rc;
+	fst_error rerr;
+};
+
+/* The options first (the one check fst_load makes, so a bad struct is
+ * refused before comm is touched), then the arguments and the
+ * communicator; the device is the communicator's, and reads are staged. */
+static int sharded_check(struct sharded *s, const fst_load_opts *opts, fst_buffer **out,
+			 fst_error *err)
+{
+	int rc = fsti_load_opts_check(opts, &s->opts, err);
 	if (rc)
 		return rc;
-	void *saved = fsti_cuda_save();
-	struct fst_buffer *b = NULL;
-	struct fsti_plan_tensor *pieces = NULL;
-	CUdeviceptr scratch = 0, temp = 0, flag = 0;
-	const struct fsti_cuda *cu = c->cu;
-	rc = fsti_cuda_use_device(cu, c->device, err);
-	if (rc)
-		goto out;
+	if (!s->ck || !s->c || !out)
+		return fsti_err(err, FST_EUSAGE, "fst_load_sharded: checkpoint, comm and out are "
+						 "required");
+	if (s->c->broken || !s->c->comm)
+		return fsti_err(err, FST_EDEVICE, "rank %d: the communicator was aborted by an "
+						  "earlier failure",
+				s->c->rank);
+	if (s->opts.on_landed)
+		return fsti_err(err, FST_EUSAGE, "fst_load_sharded: on_landed is not supported (a "
+						 "rank sees only its slices)");
+	snprintf(s->device, sizeof s->device, "cuda:%d", s->c->device);
+	s->opts.device = s->device;
+	s->opts.gds = FST_GDS_OFF; /* pieces go through staging */
+	return 0;
+}
 
-	/* the buffer: its table mirrors the layout, shapes cut to the shards */
-	struct fsti_plan table = {0};
-	table.t = fsti_calloc(d.n + 1, sizeof *table.t);
-	pieces = fsti_calloc(d.n + 1, sizeof *pieces);
-	if (!table.t || !pieces) {
-		fsti_free(table.t);
-		rc = fsti_err(err, FST_ENOMEM, "out of memory");
-		goto out;
-	}
-	for (size_t i = 0; i < d.n; i++)
-		table.t[i].entry = d.t[i].entry;
-	table.nt = d.n;
-	rc = fsti_buffer_new(ck, &table, &b, err);
-	fsti_free(table.t);
+/* The buffer: its table mirrors the layout, shapes cut to the shards, in
+ * one device allocation. */
+static int sharded_buffer(struct sharded *s, fst_error *err)
+{
+	const struct fsti_cuda *cu = s->c->cu;
+	s->pieces = fsti_calloc(s->d.n + 1, sizeof *s->pieces);
+	if (!s->pieces)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	int rc = fsti_buffer_new_sharded(s->ck, &s->d, &s->b, err);
 	if (rc)
-		goto out;
+		return rc;
+	struct fst_buffer *b = s->b;
 	b->device_type = FST_DEVICE_CUDA;
-	b->device_id = c->device;
+	b->device_id = s->c->device;
 	b->device_ctx = (void *)cu;
+	uint64_t size = s->d.dst_bytes ? s->d.dst_bytes : 1;
 	CUdeviceptr base = 0;
 	CUresult cr = fsti_fault("device_alloc") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY
-						 : cu->cuMemAlloc_v2(&base, d.dst_bytes ? d.dst_bytes : 1);
-	if (cr) {
-		rc = fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate %" PRIu64 " bytes",
-				    c->device, d.dst_bytes);
-		goto out;
-	}
+						 : cu->cuMemAlloc_v2(&base, size);
+	if (cr)
+		return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate %" PRIu64 " bytes",
+				      s->c->device, s->d.dst_bytes);
 	b->base = (void *)(uintptr_t)base;
-	b->size = d.dst_bytes ? d.dst_bytes : 1;
+	b->size = size;
 	b->release_memory = release_dist;
-	b->tensor_bytes = 0;
-	for (size_t i = 0; i < d.n; i++) {
-		struct fsti_btensor *t = &b->t[i];
-		t->data = (char *)b->base + d.t[i].dst_off;
-		t->nbytes = d.t[i].shard_bytes;
-		if (d.t[i].dim >= 0)
-			((uint64_t *)t->shape)[d.t[i].dim] = d.t[i].len; /* our own arena */
-		b->tensor_bytes += t->nbytes;
-	}
+	for (size_t i = 0; i < s->d.n; i++)
+		b->t[i].data = (char *)b->base + s->d.t[i].dst_off;
 	snprintf(b->describe, sizeof b->describe,
 		 "tensor-parallel rank %d of %d: read %" PRIu64 " bytes from storage, "
 		 "broadcast the rest over NCCL",
-		 c->rank, c->world, d.read_bytes);
+		 s->c->rank, s->c->world, s->d.read_bytes);
+	return 0;
+}
 
-	/*
-	 * Pipelined, group by group (GROUP_BYTES of broadcast each): while the
-	 * collectives of one group run on the communicator's stream, this
-	 * thread reads the next group. A rank whose reads fail goes on issuing
-	 * the same collectives (sending what it has), so no rank waits for it;
-	 * the agreement at the end makes every rank fail together.
-	 */
-	fst_error rerr;
-	fsti_err_clear(&rerr);
-	int read_rc = 0;
-	if (d.scratch_bytes && (cr = cu->cuMemAlloc_v2(&scratch, d.scratch_bytes)))
-		read_rc = fsti_cuda_fail(cu, cr, &rerr, "cuda:%d: cannot allocate %" PRIu64
-							" bytes of scratch",
-					 c->device, d.scratch_bytes);
-	if (d.temp_bytes && (cr = cu->cuMemAlloc_v2(&temp, d.temp_bytes))) {
-		rc = fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate %" PRIu64 " bytes",
-				    c->device, d.temp_bytes);
-		goto out; /* the others time out */
+/* Device memory for the transfer: the owned inner-dim shards' scratch (a
+ * failure there is a read failure, agreed on at the end), the broadcast
+ * copy and the status flag (a failure there leaves the others to time
+ * out). */
+static int sharded_memory(struct sharded *s, fst_error *err)
+{
+	const struct fsti_cuda *cu = s->c->cu;
+	CUresult cr;
+	if (s->d.scratch_bytes && (cr = cu->cuMemAlloc_v2(&s->scratch, s->d.scratch_bytes)))
+		s->read_rc = fsti_cuda_fail(cu, cr, &s->rerr, "cuda:%d: cannot allocate %" PRIu64
+							      " bytes of scratch",
+					    s->c->device, s->d.scratch_bytes);
+	if (s->d.temp_bytes && (cr = cu->cuMemAlloc_v2(&s->temp, s->d.temp_bytes)))
+		return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate %" PRIu64 " bytes",
+				      s->c->device, s->d.temp_bytes);
+	cr = cu->cuMemAlloc_v2(&s->flag, 256);
+	if (cr)
+		return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate a flag", s->c->device);
+	return 0;
+}
+
+/* The end of the group of tensors starting at i0: GROUP_BYTES of broadcast,
+ * at least one tensor. */
+static size_t group_end(const struct fsti_dist *d, size_t i0)
+{
+	size_t i1 = i0;
+	uint64_t group = 0;
+	while (i1 < d->n && (i1 == i0 || group < GROUP_BYTES)) {
+		group += d->t[i1].contiguous ? 0 : d->t[i1].full_bytes;
+		i1++;
 	}
-	cr = cu->cuMemAlloc_v2(&flag, 256);
-	if (cr) {
-		rc = fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate a flag", c->device);
-		goto out; /* the others time out */
+	return i1;
+}
+
+/* This rank's reads among tensors [i0, i1): into the buffer, then into the
+ * scratch; after a failure nothing more is read. */
+static void read_group(struct sharded *s, size_t i0, size_t i1)
+{
+	for (int into_scratch = 0; into_scratch < 2 && !s->read_rc; into_scratch++) {
+		size_t np = rank_pieces(&s->d, s->c->rank, into_scratch, i0, i1, s->pieces);
+		if (np)
+			s->read_rc = fsti_load_pieces(s->ck, &s->opts, s->pieces, np,
+						      into_scratch ? (void *)(uintptr_t)s->scratch
+								   : s->b->base,
+						      into_scratch ? s->d.scratch_bytes : s->b->size,
+						      &s->rerr);
 	}
-	for (size_t i0 = 0; i0 < d.n && !rc;) {
-		size_t i1 = i0;
-		uint64_t group = 0;
-		while (i1 < d.n && (i1 == i0 || group < GROUP_BYTES)) {
-			group += d.t[i1].contiguous ? 0 : d.t[i1].full_bytes;
-			i1++;
-		}
-		for (int into_scratch = 0; into_scratch < 2 && !read_rc; into_scratch++) {
-			size_t np = rank_pieces(&d, c->rank, into_scratch, i0, i1, pieces);
-			if (np)
-				read_rc = fsti_load_pieces(ck, &opts, pieces, np,
-							   into_scratch ? (void *)(uintptr_t)scratch
-									: b->base,
-							   into_scratch ? d.scratch_bytes : b->size, &rerr);
-		}
-		fsti_cuda_use_device(cu, c->device, NULL); /* loads give the context back */
-		for (size_t i = i0; i < i1 && !rc; i++) {
-			const struct fsti_dist_tensor *t = &d.t[i];
-			if (t->contiguous || !t->full_bytes)
-				continue;
-			int r;
-			if (t->dim < 0) {
-				void *p = (char *)b->base + t->dst_off;
-				r = c->nc->ncclBroadcast(p, p, t->full_bytes, FSTI_NCCL_UINT8, t->owner,
-							 c->comm, c->stream);
-				rc = check_nccl(c, r, "ncclBroadcast", err);
-				continue;
-			}
-			const void *send = t->owner == c->rank
-						   ? (void *)(uintptr_t)(scratch + t->scratch_off)
-						   : NULL;
-			if (t->owner == c->rank && !scratch)
-				send = (void *)(uintptr_t)temp; /* no scratch: send anything */
-			r = c->nc->ncclBroadcast(send, (void *)(uintptr_t)temp, t->full_bytes,
-						 FSTI_NCCL_UINT8, t->owner, c->comm, c->stream);
-			if ((rc = check_nccl(c, r, "ncclBroadcast", err)))
-				break;
-			if (!t->shard_bytes)
-				continue;
-			fsti_memcpy2d m;
-			memset(&m, 0, sizeof m);
-			m.srcMemoryType = m.dstMemoryType = FSTI_CU_MEMORYTYPE_DEVICE;
-			m.srcDevice = temp + t->start * t->inner_bytes;
-			m.srcPitch = t->mid * t->inner_bytes;
-			m.dstDevice = (CUdeviceptr)(uintptr_t)b->base + t->dst_off;
-			m.dstPitch = t->len * t->inner_bytes;
-			m.WidthInBytes = t->len * t->inner_bytes;
-			m.Height = t->outer;
-			cr = cu->cuMemcpy2DAsync_v2(&m, c->stream);
-			if (cr)
-				rc = comm_fail(c, FST_EDEVICE, err, "strided copy of a shard failed", cr);
-		}
+	fsti_cuda_use_device(s->c->cu, s->c->device, NULL); /* loads give the context back */
+}
+
+/* This rank's block of an inner-dim shard, cut out of the broadcast copy. */
+static int copy_shard(struct sharded *s, const struct fsti_dist_tensor *t, fst_error *err)
+{
+	fsti_memcpy2d m;
+	memset(&m, 0, sizeof m);
+	m.srcMemoryType = m.dstMemoryType = FSTI_CU_MEMORYTYPE_DEVICE;
+	m.srcDevice = s->temp + t->start * t->inner_bytes;
+	m.srcPitch = t->mid * t->inner_bytes;
+	m.dstDevice = (CUdeviceptr)(uintptr_t)s->b->base + t->dst_off;
+	m.dstPitch = t->len * t->inner_bytes;
+	m.WidthInBytes = t->len * t->inner_bytes;
+	m.Height = t->outer;
+	CUresult cr = s->c->cu->cuMemcpy2DAsync_v2(&m, s->c->stream);
+	return cr ? comm_fail(s->c, FST_EDEVICE, err, "strided copy of a shard failed", cr) : 0;
+}
+
+/* Queue tensor t's broadcast from its owner (whole tensors straight into
+ * place, inner-dim shards through the copy), when it is broadcast. */
+static int broadcast_tensor(struct sharded *s, const struct fsti_dist_tensor *t, fst_error *err)
+{
+	fst_comm *c = s->c;
+	if (t->contiguous || !t->full_bytes)
+		return 0;
+	int r;
+	if (t->dim < 0) {
+		void *p = (char *)s->b->base + t->dst_off;
+		r = c->nc->ncclBroadcast(p, p, t->full_bytes, FSTI_NCCL_UINT8, t->owner, c->comm,
+					 c->stream);
+		return check_nccl(c, r, "ncclBroadcast", err);
+	}
+	const void *send =
+		t->owner == c->rank ? (void *)(uintptr_t)(s->scratch + t->scratch_off) : NULL;
+	if (t->owner == c->rank && !s->scratch)
+		send = (void *)(uintptr_t)s->temp; /* no scratch: send anything */
+	r = c->nc->ncclBroadcast(send, (void *)(uintptr_t)s->temp, t->full_bytes, FSTI_NCCL_UINT8,
+				 t->owner, c->comm, c->stream);
+	int rc = check_nccl(c, r, "ncclBroadcast", err);
+	if (rc || !t->shard_bytes)
+		return rc;
+	return copy_shard(s, t, err);
+}
+
+/* Did every rank read everything it had to? */
+static int sharded_agree(struct sharded *s, fst_error *err)
+{
+	bool any = false;
+	int rc = agree(s->c, s->flag, s->read_rc != 0, &any, err);
+	if (rc)
+		return rc;
+	if (s->read_rc) {
+		if (err)
+			*err = s->rerr;
+		return s->read_rc;
+	}
+	if (any)
+		return fsti_err(err, FST_EIO,
+				"rank %d of %d: another rank could not read its share of the "
+				"checkpoint",
+				s->c->rank, s->c->world);
+	return 0;
+}
+
+/*
+ * Pipelined, group by group (GROUP_BYTES of broadcast each): while the
+ * collectives of one group run on the communicator's stream, this thread
+ * reads the next group. A rank whose reads fail goes on issuing the same
+ * collectives (sending what it has), so no rank waits for it; the agreement
+ * at the end makes every rank fail together.
+ */
+static int sharded_transfer(struct sharded *s, fst_error *err)
+{
+	fsti_err_clear(&s->rerr);
+	int rc = sharded_memory(s, err);
+	for (size_t i0 = 0; i0 < s->d.n && !rc;) {
+		size_t i1 = group_end(&s->d, i0);
+		read_group(s, i0, i1);
+		for (size_t i = i0; i < i1 && !rc; i++)
+			rc = broadcast_tensor(s, &s->d.t[i], err);
 		i0 = i1;
 	}
 	if (!rc)
-		rc = wait_stream(c, "broadcasting the checkpoint", err);
-	if (!rc) {
-		/* did every rank read everything it had to? */
-		int any = agree(c, flag, read_rc != 0, err);
-		if (any < 0) {
-			rc = any;
-		} else if (read_rc) {
-			if (err)
-				*err = rerr;
-			rc = read_rc;
-		} else if (any) {
-			rc = fsti_err(err, FST_EIO,
-				      "rank %d of %d: another rank could not read its share of the "
-				      "checkpoint",
-				      c->rank, c->world);
-		}
-	}
-out:
-	if (temp)
-		cu->cuMemFree_v2(temp);
-	if (scratch)
-		cu->cuMemFree_v2(scratch);
-	if (flag)
-		cu->cuMemFree_v2(flag);
-	fsti_free(pieces);
-	fsti_dist_free(&d);
-	if (rc) {
-		fst_buffer_release(b);
-	} else {
-		*out = b;
-	}
+		rc = wait_stream(s->c, "broadcasting the checkpoint", err);
+	if (!rc)
+		rc = sharded_agree(s, err);
+	return rc;
+}
+
+static void sharded_free(struct sharded *s)
+{
+	const struct fsti_cuda *cu = s->c->cu;
+	if (s->temp)
+		cu->cuMemFree_v2(s->temp);
+	if (s->scratch)
+		cu->cuMemFree_v2(s->scratch);
+	if (s->flag)
+		cu->cuMemFree_v2(s->flag);
+	fsti_free(s->pieces);
+	fsti_dist_free(&s->d);
+}
+
+int fst_load_sharded(const fst_checkpoint *ck, const fst_load_opts *opts, fst_comm *c,
+		     const int *dims, fst_buffer **out, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (out)
+		*out = NULL;
+	struct sharded s = {.ck = ck, .c = c};
+	int rc = sharded_check(&s, opts, out, err);
+	if (rc)
+		return rc;
+	rc = fsti_dist_layout(ck, s.opts.filter, s.opts.filter_ctx, dims, c->world, c->rank,
+			      s.opts.align, &s.d, err);
+	if (rc)
+		return rc;
+	void *saved = fsti_cuda_save();
+	rc = fsti_cuda_use_device(c->cu, c->device, err);
+	if (!rc)
+		rc = sharded_buffer(&s, err);
+	if (!rc)
+		rc = sharded_transfer(&s, err);
+	sharded_free(&s);
+	if (rc)
+		fst_buffer_release(s.b);
+	else
+		*out = s.b;
 	fsti_cuda_restore(saved);
 	return rc;
 }

@@ -6,6 +6,7 @@
 #define FST_ENGINE_H
 
 #include "io.h"
+#include "layout.h"
 #include "plan.h"
 
 #include <pthread.h>
@@ -62,6 +63,10 @@ int fsti_buffer_new(const fst_checkpoint *ck, const struct fsti_plan *plan,
 int fsti_buffer_from_allocator(struct fst_buffer *b, const fst_allocator *a, uint64_t size,
 			       uint32_t align, void (*release)(struct fst_buffer *b),
 			       fst_error *err);
+/* A buffer whose table mirrors a tensor-parallel layout: each tensor with
+ * this rank's shard shape and bytes (data pointers unset). */
+int fsti_buffer_new_sharded(const fst_checkpoint *ck, const struct fsti_dist *d,
+			    struct fst_buffer **out, fst_error *err);
 /* Frees the table; calls release_memory. */
 void fsti_buffer_destroy(struct fst_buffer *b);
 

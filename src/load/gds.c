@@ -50,9 +50,11 @@ void fsti_gds_teardown(struct fsti_engine *e)
 	e->gds_direct = NULL;
 }
 
-int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
+/* Whether cuFile is tried, per opts.gds and the probe: *out is the probe
+ * when it is, NULL when not (e->gds_why says why). */
+static int gds_decide(struct fsti_engine *e, const struct fsti_gds_probe **out, fst_error *err)
 {
-	size_t nf = fst_checkpoint_file_count(e->ck);
+	*out = NULL;
 	if (e->device_type != FST_DEVICE_CUDA || e->opts.gds == FST_GDS_OFF) {
 		snprintf(e->gds_why, sizeof e->gds_why, "%s",
 			 e->opts.gds == FST_GDS_OFF ? "gds=off" : "");
@@ -64,9 +66,8 @@ int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
 		return rc;
 	const struct fsti_gds_probe *p = fsti_gds_probe(cu, e->device_id);
 	bool try_anyway = fsti_env_gds_try() && p->driver_opened;
-	bool on = e->opts.gds == FST_GDS_ON;
 	if (!p->usable && !try_anyway) {
-		if (on)
+		if (e->opts.gds == FST_GDS_ON)
 			return fsti_err(err, FST_EUNSUPPORTED,
 					"gds=on but GPUDirect Storage cannot run on cuda:%d: %s",
 					e->device_id, p->reason);
@@ -77,8 +78,97 @@ int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
 			 p->reason);
 		return 0;
 	}
+	*out = p;
+	return 0;
+}
+
+/* A descriptor of opened file f for cuFile: the file again, with O_DIRECT
+ * where the filesystem allows it, never another file now at its path
+ * (io/direct.c). *fd is -1 when the file goes through staging (auto). */
+static int gds_reopen(const fst_file *f, const char *path, bool on, int *fd, fst_error *err)
+{
+	char why[96];
+	bool other_file;
+	*fd = fsti_open_direct(f, &other_file, why, sizeof why);
+	if (*fd < 0 && other_file) {
+		if (on)
+			return fsti_err(err, FST_ECHANGED,
+					"%s: the path now names another file than the one opened; "
+					"cuFile cannot read it",
+					path);
+		fsti_log(FST_LOG_WARN, "%s: the path now names another file than the one "
+				       "opened; loading it through pinned staging",
+			 path);
+		return 0;
+	}
+	if (*fd < 0)
+		*fd = fcntl(f->fd, F_DUPFD_CLOEXEC, 0); /* cuFile may still cope */
+	if (*fd < 0) {
+		if (on)
+			return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", path);
+		fsti_log(FST_LOG_WARN, "%s: cannot open it again for cuFile (%s); loading it "
+				       "through pinned staging",
+			 path, strerror(errno));
+	}
+	return 0;
+}
+
+/* Register file i with cuFile; under auto a file that cannot be is left to
+ * the staging path with a warning, under on it fails the load. */
+static int gds_register_file(struct fsti_engine *e, size_t i, const struct fsti_gds_probe *p,
+			     fst_error *err)
+{
+	bool on = e->opts.gds == FST_GDS_ON;
+	const char *path = fsti_engine_path(e, (uint32_t)i);
+	const fst_file *f = fst_checkpoint_file(e->ck, i);
+	if (f->fd < 0) {
+		if (on)
+			return fsti_err(err, FST_EUNSUPPORTED,
+					"%s: gds=on but a memory image cannot be read with cuFile",
+					path);
+		return 0; /* staged */
+	}
+	int fd;
+	int rc = gds_reopen(f, path, on, &fd, err);
+	if (rc || fd < 0)
+		return rc;
+	e->gds[i].fd = fd;
+	fsti_cufile_descr d;
+	memset(&d, 0, sizeof d);
+	d.type = FSTI_CU_FILE_HANDLE_TYPE_OPAQUE_FD;
+	d.handle.fd = fd;
+	fsti_cufile_handle h = NULL;
+	fsti_cufile_error r = fsti_fault("cufile_register")
+				      ? (fsti_cufile_error){FSTI_CU_FILE_HANDLE_NOT_REGISTERED, 0}
+				      : p->cf->cuFileHandleRegister(&h, &d);
+	if (r.err) {
+		char code[64];
+		fsti_cufile_error_name(r.err, code, sizeof code);
+		if (on)
+			return fsti_err_backend(err, FST_EUNSUPPORTED, r.err,
+						"%s: gds=on but cuFileHandleRegister failed with %s "
+						"(probe: %s)",
+						path, code, p->reason);
+		fsti_log(FST_LOG_WARN,
+			 "%s: cuFileHandleRegister failed with %s; loading this file through "
+			 "pinned staging instead (probe: %s)",
+			 path, code, p->reason);
+		return 0;
+	}
+	e->gds[i].handle = h;
+	e->gds_direct[i] = true;
+	e->gds_files++;
+	return 0;
+}
+
+int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
+{
+	const struct fsti_gds_probe *p;
+	int rc = gds_decide(e, &p, err);
+	if (rc || !p)
+		return rc;
+	size_t nf = fst_checkpoint_file_count(e->ck);
 	e->cufile = p->cf;
-	const struct fsti_cufile *cf = p->cf;
 	e->gds = fsti_calloc(nf + 1, sizeof *e->gds);
 	e->gds_direct = fsti_calloc(nf + 1, sizeof *e->gds_direct);
 	if (!e->gds || !e->gds_direct)
@@ -88,68 +178,9 @@ int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
 		atomic_init(&e->gds[i].failed, false);
 	}
 	for (size_t i = 0; i < nf; i++) {
-		const char *path = fsti_engine_path(e, (uint32_t)i);
-		const fst_file *f = fst_checkpoint_file(e->ck, i);
-		if (f->fd < 0) {
-			if (on)
-				return fsti_err(err, FST_EUNSUPPORTED,
-						"%s: gds=on but a memory image cannot be read with "
-						"cuFile",
-						path);
-			continue; /* staged */
-		}
-		/* The opened file again, with O_DIRECT where the filesystem allows
-		 * it, never another file now at its path (io/direct.c). */
-		char why[96];
-		bool other_file;
-		int fd = fsti_open_direct(f, &other_file, why, sizeof why);
-		if (fd < 0 && other_file) {
-			if (on)
-				return fsti_err(err, FST_ECHANGED,
-						"%s: the path now names another file than the one "
-						"opened; cuFile cannot read it",
-						path);
-			fsti_log(FST_LOG_WARN, "%s: the path now names another file than the one "
-					       "opened; loading it through pinned staging",
-				 path);
-			continue;
-		}
-		if (fd < 0)
-			fd = fcntl(f->fd, F_DUPFD_CLOEXEC, 0); /* cuFile may still cope */
-		if (fd < 0) {
-			if (on)
-				return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", path);
-			fsti_log(FST_LOG_WARN, "%s: cannot open it again for cuFile (%s); loading "
-					       "it through pinned staging",
-				 path, strerror(errno));
-			continue;
-		}
-		e->gds[i].fd = fd;
-		fsti_cufile_descr d;
-		memset(&d, 0, sizeof d);
-		d.type = FSTI_CU_FILE_HANDLE_TYPE_OPAQUE_FD;
-		d.handle.fd = fd;
-		fsti_cufile_handle h = NULL;
-		fsti_cufile_error r = fsti_fault("cufile_register")
-					      ? (fsti_cufile_error){FSTI_CU_FILE_HANDLE_NOT_REGISTERED, 0}
-					      : cf->cuFileHandleRegister(&h, &d);
-		if (r.err) {
-			char code[64];
-			fsti_cufile_error_name(r.err, code, sizeof code);
-			if (on)
-				return fsti_err_backend(err, FST_EUNSUPPORTED, r.err,
-							"%s: gds=on but cuFileHandleRegister failed "
-							"with %s (probe: %s)",
-							path, code, p->reason);
-			fsti_log(FST_LOG_WARN,
-				 "%s: cuFileHandleRegister failed with %s; loading this file "
-				 "through pinned staging instead (probe: %s)",
-				 path, code, p->reason);
-			continue;
-		}
-		e->gds[i].handle = h;
-		e->gds_direct[i] = true;
-		e->gds_files++;
+		rc = gds_register_file(e, i, p, err);
+		if (rc)
+			return rc;
 	}
 	snprintf(e->gds_why, sizeof e->gds_why, "GPUDirect Storage for %zu of %zu files (%s)",
 		 e->gds_files, nf, p->reason);

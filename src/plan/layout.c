@@ -6,69 +6,52 @@
 
 #include <string.h>
 
-int fsti_dist_layout(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
-		     const int *dims, int world, int rank, uint32_t align, struct fsti_dist *out,
-		     fst_error *err)
+/* Tensor info seen along dim (FST_REPLICATE: whole) from this rank. */
+static int layout_tensor(const fst_tensor_info *info, int dim, int world, int rank,
+			 struct fsti_dist_tensor *t, fst_error *err)
 {
-	memset(out, 0, sizeof *out);
-	size_t n = fst_checkpoint_tensor_count(ck);
-	out->t = fsti_calloc(n + 1, sizeof *out->t);
-	if (!out->t)
-		return fsti_err(err, FST_ENOMEM, "out of memory for the layout");
-	uint64_t bcast_total = 0;
-	for (size_t i = 0; i < n; i++) {
-		fst_tensor_info info;
-		size_t file;
-		fst_checkpoint_tensor(ck, i, &info, &file);
-		if (filter && !filter(filter_ctx, info.name))
-			continue;
-		struct fsti_dist_tensor *t = &out->t[out->n++];
-		t->entry = (uint32_t)i;
-		t->file = (uint32_t)file;
-		t->file_off = info.file_offset;
-		t->full_bytes = info.nbytes;
-		t->dim = dims ? dims[i] : FST_REPLICATE;
-		if (t->dim < FST_REPLICATE || (t->dim >= 0 && (uint32_t)t->dim >= info.ndim)) {
-			fsti_dist_free(out);
-			return fsti_err(err, FST_EUSAGE,
-					"tensor \"%s\": cannot shard along dim %d of a %u-dimensional "
-					"tensor",
-					info.name, dims[i], info.ndim);
-		}
-		unsigned bits = fst_dtype_bits(info.dtype);
-		if (t->dim >= 0 && bits % 8) {
-			fsti_dist_free(out);
-			return fsti_err(err, FST_EUNSUPPORTED,
-					"tensor \"%s\": %s packs several elements in a byte and "
-					"cannot be sharded",
-					info.name, fst_dtype_name(info.dtype));
-		}
-		if (t->dim < 0) {
-			t->outer = 1;
-			t->mid = 1;
-			t->inner_bytes = info.nbytes;
-			t->start = 0;
-			t->len = 1;
-			t->contiguous = false;
-		} else {
-			uint64_t outer = 1, inner = bits / 8;
-			for (int d = 0; d < t->dim; d++)
-				outer *= info.shape[d];
-			for (uint32_t d = (uint32_t)t->dim + 1; d < info.ndim; d++)
-				inner *= info.shape[d];
-			t->outer = outer;
-			t->mid = info.shape[t->dim];
-			t->inner_bytes = inner;
-			uint64_t block = (t->mid + (uint64_t)world - 1) / (uint64_t)world;
-			t->start = FSTI_MIN((uint64_t)rank * block, t->mid);
-			t->len = FSTI_MIN(block, t->mid - t->start);
-			t->contiguous = outer == 1 || t->full_bytes == 0;
-		}
-		t->shard_bytes = t->outer * t->len * t->inner_bytes;
-		if (!t->contiguous)
-			bcast_total += t->full_bytes;
+	t->dim = dim;
+	if (dim < FST_REPLICATE || (dim >= 0 && (uint32_t)dim >= info->ndim))
+		return fsti_err(err, FST_EUSAGE,
+				"tensor \"%s\": cannot shard along dim %d of a %u-dimensional tensor",
+				info->name, dim, info->ndim);
+	unsigned bits = fst_dtype_bits(info->dtype);
+	if (dim >= 0 && bits % 8)
+		return fsti_err(err, FST_EUNSUPPORTED,
+				"tensor \"%s\": %s packs several elements in a byte and cannot be "
+				"sharded",
+				info->name, fst_dtype_name(info->dtype));
+	if (dim < 0) {
+		t->outer = 1;
+		t->mid = 1;
+		t->inner_bytes = info->nbytes;
+		t->start = 0;
+		t->len = 1;
+		t->contiguous = false;
+	} else {
+		uint64_t outer = 1, inner = bits / 8;
+		for (int d = 0; d < dim; d++)
+			outer *= info->shape[d];
+		for (uint32_t d = (uint32_t)dim + 1; d < info->ndim; d++)
+			inner *= info->shape[d];
+		t->outer = outer;
+		t->mid = info->shape[dim];
+		t->inner_bytes = inner;
+		uint64_t block = (t->mid + (uint64_t)world - 1) / (uint64_t)world;
+		t->start = FSTI_MIN((uint64_t)rank * block, t->mid);
+		t->len = FSTI_MIN(block, t->mid - t->start);
+		t->contiguous = outer == 1 || t->full_bytes == 0;
 	}
-	/* Owners: consecutive runs balanced by bytes, the same on every rank. */
+	t->shard_bytes = t->outer * t->len * t->inner_bytes;
+	return 0;
+}
+
+/* Owners: consecutive runs balanced by bytes, the same on every rank; and
+ * each tensor's place in this rank's buffer and scratch. bcast_total is the
+ * bytes of the tensors that are broadcast. */
+static void place(struct fsti_dist *out, uint64_t bcast_total, int world, int rank,
+		  uint32_t align)
+{
 	uint64_t before = 0, dst = 0, scratch = 0;
 	for (size_t i = 0; i < out->n; i++) {
 		struct fsti_dist_tensor *t = &out->t[i];
@@ -96,6 +79,38 @@ int fsti_dist_layout(const fst_checkpoint *ck, fsti_filter_fn filter, void *filt
 	}
 	out->dst_bytes = dst;
 	out->scratch_bytes = scratch;
+}
+
+int fsti_dist_layout(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
+		     const int *dims, int world, int rank, uint32_t align, struct fsti_dist *out,
+		     fst_error *err)
+{
+	memset(out, 0, sizeof *out);
+	size_t n = fst_checkpoint_tensor_count(ck);
+	out->t = fsti_calloc(n + 1, sizeof *out->t);
+	if (!out->t)
+		return fsti_err(err, FST_ENOMEM, "out of memory for the layout");
+	uint64_t bcast_total = 0;
+	for (size_t i = 0; i < n; i++) {
+		fst_tensor_info info;
+		size_t file;
+		fst_checkpoint_tensor(ck, i, &info, &file);
+		if (filter && !filter(filter_ctx, info.name))
+			continue;
+		struct fsti_dist_tensor *t = &out->t[out->n++];
+		t->entry = (uint32_t)i;
+		t->file = (uint32_t)file;
+		t->file_off = info.file_offset;
+		t->full_bytes = info.nbytes;
+		int rc = layout_tensor(&info, dims ? dims[i] : FST_REPLICATE, world, rank, t, err);
+		if (rc) {
+			fsti_dist_free(out);
+			return rc;
+		}
+		if (!t->contiguous)
+			bcast_total += t->full_bytes;
+	}
+	place(out, bcast_total, world, rank, align);
 	return 0;
 }
 

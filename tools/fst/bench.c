@@ -15,6 +15,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,22 +49,31 @@ struct files {
 	uint64_t total;
 };
 
+/* The checkpoint's files: EXIT_OK or EXIT_NOMEM. */
 static int collect_files(const fst_checkpoint *ck, struct files *fs)
 {
 	fs->n = fst_checkpoint_file_count(ck);
 	fs->path = calloc(fs->n, sizeof *fs->path);
 	fs->size = calloc(fs->n, sizeof *fs->size);
 	if (!fs->path || !fs->size)
-		return -1;
+		return EXIT_NOMEM;
 	for (size_t i = 0; i < fs->n; i++) {
 		const fst_file *f = fst_checkpoint_file(ck, i);
 		fs->path[i] = strdup(fst_file_path(f));
 		fs->size[i] = fst_file_size(f);
 		fs->total += fs->size[i];
 		if (!fs->path[i])
-			return -1;
+			return EXIT_NOMEM;
 	}
-	return 0;
+	return EXIT_OK;
+}
+
+static void free_files(struct files *fs)
+{
+	for (size_t i = 0; fs->path && i < fs->n; i++)
+		free(fs->path[i]);
+	free(fs->path);
+	free(fs->size);
 }
 
 /* Fraction of the files' pages in the page cache, or -1 with the reason in
@@ -285,6 +295,49 @@ static double fst_best(const char *path, const fst_load_opts *lo, const char *ma
 	return best;
 }
 
+/* "python3 SCRIPT DEVICE FILE... 2>&1", every argument single-quoted for
+ * the shell ('\'' inside); NULL out of memory. */
+static char *reference_command(const char *script, const char *device, const struct files *fs)
+{
+	size_t len = strlen(script) + 4 * strlen(device) + 64;
+	for (size_t i = 0; i < fs->n; i++)
+		len += 4 * strlen(fs->path[i]) + 3;
+	char *cmd = malloc(len);
+	if (!cmd)
+		return NULL;
+	snprintf(cmd, len, "python3 %s", script);
+	for (size_t i = 0; i <= fs->n; i++) {
+		const char *arg = i == 0 ? device : fs->path[i - 1];
+		char *p = cmd + strlen(cmd);
+		*p++ = ' ';
+		*p++ = '\'';
+		for (; *arg; arg++) {
+			if (*arg == '\'') {
+				memcpy(p, "'\\''", 4);
+				p += 4;
+			} else {
+				*p++ = *arg;
+			}
+		}
+		*p++ = '\'';
+		*p = '\0';
+	}
+	strcat(cmd, " 2>&1");
+	return cmd;
+}
+
+/* The last line cmd prints ("" when it prints none or cannot run). */
+static void last_line(const char *cmd, char *line, size_t size)
+{
+	FILE *p = popen(cmd, "r");
+	if (!p)
+		return;
+	char buf[512];
+	while (fgets(buf, sizeof buf, p))
+		snprintf(line, size, "%s", buf);
+	pclose(p);
+}
+
 /* Runs the reference loader in python3; returns seconds, or 0 with a reason. */
 static double reference_once(const struct files *fs, const char *device, char *why,
 			     size_t whylen)
@@ -320,45 +373,17 @@ static double reference_once(const struct files *fs, const char *device, char *w
 		return 0;
 	}
 	close(fd);
-	/* every argument single-quoted for the shell ('\'' inside) */
-	size_t len = strlen(tmpl) + 4 * strlen(device) + 64;
-	for (size_t i = 0; i < fs->n; i++)
-		len += 4 * strlen(fs->path[i]) + 3;
-	char *cmd = malloc(len);
+	char *cmd = reference_command(tmpl, device, fs);
 	if (!cmd) {
 		unlink(tmpl);
 		snprintf(why, whylen, "skipped: out of memory");
 		return 0;
 	}
-	snprintf(cmd, len, "python3 %s", tmpl);
-	for (size_t i = 0; i <= fs->n; i++) {
-		const char *arg = i == 0 ? device : fs->path[i - 1];
-		char *p = cmd + strlen(cmd);
-		*p++ = ' ';
-		*p++ = '\'';
-		for (; *arg; arg++) {
-			if (*arg == '\'') {
-				memcpy(p, "'\\''", 4);
-				p += 4;
-			} else {
-				*p++ = *arg;
-			}
-		}
-		*p++ = '\'';
-		*p = '\0';
-	}
-	strcat(cmd, " 2>&1");
-	FILE *p = popen(cmd, "r");
 	char line[512] = "";
-	double secs = 0;
-	if (p) {
-		char buf[512];
-		while (fgets(buf, sizeof buf, p))
-			snprintf(line, sizeof line, "%s", buf);
-		pclose(p);
-	}
+	last_line(cmd, line, sizeof line);
 	free(cmd);
 	unlink(tmpl);
+	double secs = 0;
 	char kind[128];
 	long n;
 	if (sscanf(line, "ok %lf %ld %127s", &secs, &n, kind) == 3) {
@@ -397,7 +422,53 @@ struct row {
 	char note[320]; /* room for a skipped row's reason (200) */
 };
 
-int cmd_bench(int argc, char **argv)
+/* One bench: what was asked, and what was measured. */
+struct bench {
+	const char *path, *device, *manifest;
+	fst_load_opts lo;
+	uint64_t runs;
+	bool cold, reference, as_json;
+	struct files fs;
+	uint64_t tensor_bytes;
+	unsigned threads;
+	char *dst; /* the limit's destination: span bytes, faulted in */
+	uint64_t span;
+	struct row rows[14];
+	int nrows;
+	/* the rows the ratios compare (NULL: not measured) */
+	struct row *pread_limit, *h2d, *fst_warm, *checked_warm, *reused, *checked_reused,
+		*ref_warm, *odirect, *fst_cold;
+	double warm_resident, cold_resident;
+	char why[200]; /* the last load's path chosen, or why it failed or was skipped */
+	int rc;        /* the exit code so far */
+};
+
+static struct row *add_row(struct bench *b, const char *name, double secs, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static struct row *add_row(struct bench *b, const char *name, double secs, const char *fmt, ...)
+{
+	struct row *r = &b->rows[b->nrows++];
+	*r = (struct row){name, secs, ""};
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(r->note, sizeof r->note, fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+static struct row *skipped_row(struct bench *b, const char *name, const char *why)
+{
+	return add_row(b, name, 0, "skipped: cannot evict the page cache (%s)", why);
+}
+
+static double keep_best(double best, double s)
+{
+	return best == 0 || s < best ? s : best;
+}
+
+/* The command line into b; *done when the command ends here (help, or a
+ * usage error). */
+static int parse_args(int argc, char **argv, struct bench *b, bool *done)
 {
 	static const struct option opts[] = {
 		CLI_LOAD_OPTIONS,
@@ -409,30 +480,29 @@ int cmd_bench(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{0, 0, 0, 0},
 	};
-	fst_load_opts lo;
-	fst_load_opts_init(&lo);
-	uint64_t runs = 3;
-	bool cold = true, reference = true, as_json = false;
-	const char *manifest = NULL;
+	fst_load_opts_init(&b->lo);
+	b->runs = 3;
+	b->cold = b->reference = true;
+	*done = true;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		int r = cli_load_option("bench", c, optarg, &lo);
+		int r = cli_load_option("bench", c, optarg, &b->lo);
 		if (r == EXIT_USAGE)
 			return r;
 		if (r == EXIT_OK)
 			continue;
 		switch (c) {
 		case 'r':
-			if (!cli_parse_uint(optarg, 100, &runs) || !runs) {
+			if (!cli_parse_uint(optarg, 100, &b->runs) || !b->runs) {
 				cli_error("bench", "--runs \"%s\": expected 1 to 100", optarg);
 				return EXIT_USAGE;
 			}
 			break;
-		case 'C': cold = false; break;
-		case 'k': manifest = optarg; break;
-		case 'R': reference = false; break;
-		case 'j': as_json = true; break;
+		case 'C': b->cold = false; break;
+		case 'k': b->manifest = optarg; break;
+		case 'R': b->reference = false; break;
+		case 'j': b->as_json = true; break;
 		case 'h': help(stdout); return EXIT_OK;
 		default: help(stderr); return EXIT_USAGE;
 		}
@@ -442,14 +512,21 @@ int cmd_bench(int argc, char **argv)
 		help(stderr);
 		return EXIT_USAGE;
 	}
-	int frc = cli_check_fault_env("bench");
-	if (frc)
-		return frc;
-	const char *path = argv[optind];
-	const char *device = lo.device ? lo.device : "cpu";
+	b->path = argv[optind];
+	b->device = b->lo.device ? b->lo.device : "cpu";
+	*done = false;
+	return EXIT_OK;
+}
+
+/* Everything checked before anything is measured, and the files listed. */
+static int prepare(struct bench *b)
+{
+	int rc = cli_check_fault_env("bench");
+	if (rc)
+		return rc;
 	fst_checkpoint *ck;
 	fst_error err;
-	if (fst_checkpoint_open(path, &ck, &err)) {
+	if (fst_checkpoint_open(b->path, &ck, &err)) {
 		cli_error("bench", "%s", err.message);
 		return cli_exit_code(err.code);
 	}
@@ -457,245 +534,239 @@ int cmd_bench(int argc, char **argv)
 	 * parser before anything is measured: no row for a bench that cannot
 	 * run. */
 	char plan[FST_ERROR_MSG_MAX + 64];
-	if (fst_load_explain(ck, &lo, plan, sizeof plan, &err) ||
-	    (manifest && cli_check_manifest(manifest, &err))) {
+	if (fst_load_explain(ck, &b->lo, plan, sizeof plan, &err) ||
+	    (b->manifest && cli_check_manifest(b->manifest, &err))) {
 		cli_error("bench", "%s", err.message);
 		fst_checkpoint_close(ck);
 		return cli_exit_code(err.code);
 	}
-	struct files fs = {0};
-	uint64_t tensor_bytes = fst_checkpoint_total_bytes(ck);
-	if (collect_files(ck, &fs)) {
-		fst_checkpoint_close(ck);
-		cli_error("bench", "out of memory");
-		return EXIT_NOMEM;
-	}
+	b->tensor_bytes = fst_checkpoint_total_bytes(ck);
+	rc = collect_files(ck, &b->fs);
 	fst_checkpoint_close(ck);
+	if (rc) {
+		cli_error("bench", "out of memory");
+		return rc;
+	}
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	unsigned threads = lo.threads ? lo.threads : (unsigned)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
+	b->threads = b->lo.threads ? b->lo.threads
+				   : (unsigned)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
+	return EXIT_OK;
+}
 
-	/* The limit's destination: every file's bytes, faulted in before timing. */
-	uint64_t span = 0;
-	for (size_t i = 0; i < fs.n; i++)
-		span += (fs.size[i] + (16u << 20) - 1) / (16u << 20) * (16u << 20);
-	char *dst = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+/* The limit's destination: every file's bytes, faulted in before timing. */
+static int alloc_limit(struct bench *b)
+{
+	for (size_t i = 0; i < b->fs.n; i++)
+		b->span += (b->fs.size[i] + (16u << 20) - 1) / (16u << 20) * (16u << 20);
+	char *dst = mmap(NULL, b->span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (dst == MAP_FAILED) {
-		cli_error("bench", "cannot allocate %" PRIu64 " bytes for the limit", span);
+		cli_error("bench", "cannot allocate %" PRIu64 " bytes for the limit", b->span);
 		return EXIT_NOMEM;
 	}
-	madvise(dst, span, MADV_HUGEPAGE);
-	memset(dst, 1, span);
+	madvise(dst, b->span, MADV_HUGEPAGE);
+	memset(dst, 1, b->span);
+	b->dst = dst;
+	return EXIT_OK;
+}
 
-	struct row rows[14];
-	struct row *reused = NULL, *checked_row = NULL;
-	int nrows = 0, rc = EXIT_OK;
-	double best;
-	char why[200] = "";
+/* On a GPU the copy engine is the other limit: pinned host-to-device. */
+static void measure_copy_limit(struct bench *b)
+{
+	int dev = b->device[4] == ':' ? atoi(b->device + 5) : 0;
+	double gbps = 0;
+	uint64_t bytes = b->fs.total < (1ull << 30) ? (b->fs.total + (1u << 20)) : (1ull << 30);
+	fst_error err;
+	if (fst_cuda_h2d_bandwidth(dev, bytes, &gbps, &err)) {
+		cli_error("bench", "%s", err.message);
+		b->rc = cli_exit_code(err.code);
+		return;
+	}
+	b->h2d = add_row(b, "pinned host-to-device copy limit", (double)b->fs.total / (gbps * 1e9),
+			 "16 MiB async copies on one stream, best of 3 over %" PRIu64 " MiB",
+			 bytes >> 20);
+}
 
+/* The machine's limits, warm: one plain reader, parallel pread, the copy. */
+static void measure_limits(struct bench *b)
+{
 	/* warm: read everything once so the page cache holds it */
-	plain_read(&fs);
+	plain_read(&b->fs);
 	char rwhy[200] = "";
-	double warm_resident = resident(&fs, rwhy, sizeof rwhy);
-	if (warm_resident < 0)
+	b->warm_resident = resident(&b->fs, rwhy, sizeof rwhy);
+	if (b->warm_resident < 0)
 		cli_error("bench", "page-cache residency unknown: %s", rwhy);
-
+	double best = 0;
+	for (uint64_t r = 0; r < b->runs; r++)
+		best = keep_best(best, plain_read(&b->fs));
+	add_row(b, "plain sequential read (warm)", best, "1 thread, 8 MiB read()");
 	best = 0;
-	for (uint64_t r = 0; r < runs; r++) {
-		double s = plain_read(&fs);
-		best = best == 0 || s < best ? s : best;
-	}
-	rows[nrows++] = (struct row){"plain sequential read (warm)", best, "1 thread, 8 MiB read()"};
+	for (uint64_t r = 0; r < b->runs; r++)
+		best = keep_best(best, parallel_read(&b->fs, b->dst, b->threads, false));
+	b->pread_limit = add_row(b, "parallel pread limit (warm)", best,
+				 "%u threads, 16 MiB pread into faulted-in memory", b->threads);
+	if (!strncmp(b->device, "cuda", 4))
+		measure_copy_limit(b);
+}
 
-	best = 0;
-	for (uint64_t r = 0; r < runs; r++) {
-		double s = parallel_read(&fs, dst, threads, false);
-		best = best == 0 || s < best ? s : best;
+/* On the CPU, fresh memory costs its page faults (zeroing; in a VM, often
+ * much more): the same load into memory already faulted in. */
+static void measure_fst_reused(struct bench *b)
+{
+	struct reuse ru = {b->dst, b->span};
+	fst_allocator a = {reuse_alloc, reuse_free, &ru};
+	fst_load_opts lr = b->lo;
+	lr.allocator = &a;
+	double best = fst_best(b->path, &lr, NULL, b->runs, b->why, sizeof b->why, NULL, &b->rc);
+	b->reused = add_row(b, "fst load (warm, reused memory)", best,
+			    "into memory already faulted in (an allocator hook)");
+	if (b->manifest && b->rc == EXIT_OK) {
+		best = fst_best(b->path, &lr, b->manifest, b->runs, b->why, sizeof b->why, NULL,
+				&b->rc);
+		b->checked_reused = add_row(b, "fst load --check (warm, reused memory)", best,
+					    "the same, block trees hashed as the bytes land, "
+					    "against %s",
+					    cli_basename(b->manifest));
 	}
-	struct row *pread_limit = &rows[nrows];
-	rows[nrows] = (struct row){"parallel pread limit (warm)", best, ""};
-	snprintf(rows[nrows++].note, sizeof rows[0].note,
-		 "%u threads, 16 MiB pread into faulted-in memory", threads);
+}
 
-	/* On a GPU the copy engine is the other limit: pinned host-to-device. */
-	struct row *h2d = NULL;
-	if (!strncmp(device, "cuda", 4)) {
-		int dev = device[4] == ':' ? atoi(device + 5) : 0;
-		double gbps = 0;
-		uint64_t bytes = fs.total < (1ull << 30) ? (fs.total + (1u << 20)) : (1ull << 30);
-		if (fst_cuda_h2d_bandwidth(dev, bytes, &gbps, &err)) {
-			cli_error("bench", "%s", err.message);
-			rc = cli_exit_code(err.code);
-		} else {
-			h2d = &rows[nrows];
-			rows[nrows] = (struct row){"pinned host-to-device copy limit",
-						   (double)fs.total / (gbps * 1e9), ""};
-			snprintf(rows[nrows++].note, sizeof rows[0].note,
-				 "16 MiB async copies on one stream, best of 3 over %" PRIu64
-				 " MiB",
-				 bytes >> 20);
-		}
-	}
-
+static void measure_fst_warm(struct bench *b)
+{
 	double first = 0;
-	best = fst_best(path, &lo, NULL, runs, why, sizeof why, &first, &rc);
+	double best = fst_best(b->path, &b->lo, NULL, b->runs, b->why, sizeof b->why, &first,
+			       &b->rc);
 	/* The first load of a process also pays for pinning its staging, which
 	 * later loads reuse: both are reported. */
-	rows[nrows] = (struct row){"fst load (warm, first)", first, ""};
-	snprintf(rows[nrows++].note, sizeof rows[0].note, "the first load of this process");
-	struct row *fst_warm = &rows[nrows];
-	rows[nrows] = (struct row){"fst load (warm)", best, ""};
-	snprintf(rows[nrows++].note, sizeof rows[0].note, "%s", why);
-	struct row *checked_warm = NULL;
-	if (manifest && rc == EXIT_OK) {
-		best = fst_best(path, &lo, manifest, runs, why, sizeof why, NULL, &rc);
-		checked_warm = &rows[nrows];
-		rows[nrows] = (struct row){"fst load --check (warm)", best, ""};
-		snprintf(rows[nrows++].note, sizeof rows[0].note,
-			 "the same, block trees hashed as the bytes land, against %s",
-			 cli_basename(manifest));
+	add_row(b, "fst load (warm, first)", first, "the first load of this process");
+	b->fst_warm = add_row(b, "fst load (warm)", best, "%s", b->why);
+	if (b->manifest && b->rc == EXIT_OK) {
+		best = fst_best(b->path, &b->lo, b->manifest, b->runs, b->why, sizeof b->why, NULL,
+				&b->rc);
+		b->checked_warm = add_row(b, "fst load --check (warm)", best,
+					  "the same, block trees hashed as the bytes land, against %s",
+					  cli_basename(b->manifest));
 	}
+	if (!strcmp(b->device, "cpu") && b->rc == EXIT_OK && b->lo.io != FST_IO_MMAP)
+		measure_fst_reused(b);
+}
 
-	/* On the CPU, fresh memory costs its page faults (zeroing; in a VM,
-	 * often much more): the same load into memory already faulted in. */
-	if (!strcmp(device, "cpu") && rc == EXIT_OK && lo.io != FST_IO_MMAP) {
-		struct reuse ru = {dst, span};
-		fst_allocator a = {reuse_alloc, reuse_free, &ru};
-		fst_load_opts lr = lo;
-		lr.allocator = &a;
-		best = fst_best(path, &lr, NULL, runs, why, sizeof why, NULL, &rc);
-		reused = &rows[nrows];
-		rows[nrows] = (struct row){"fst load (warm, reused memory)", best, ""};
-		snprintf(rows[nrows++].note, sizeof rows[0].note,
-			 "into memory already faulted in (an allocator hook)");
-		if (manifest && rc == EXIT_OK) {
-			best = fst_best(path, &lr, manifest, runs, why, sizeof why, NULL, &rc);
-			checked_row = &rows[nrows];
-			rows[nrows] = (struct row){"fst load --check (warm, reused memory)", best, ""};
-			snprintf(rows[nrows++].note, sizeof rows[0].note,
-				 "the same, block trees hashed as the bytes land, against %s",
-				 cli_basename(manifest));
-		}
+static void measure_reference_warm(struct bench *b)
+{
+	double best = 0;
+	for (uint64_t r = 0; r < b->runs; r++) {
+		double s = reference_once(&b->fs, b->device, b->why, sizeof b->why);
+		if (s == 0)
+			break;
+		best = keep_best(best, s);
 	}
-	struct row *ref_warm = NULL;
-	if (reference && rc == EXIT_OK) {
-		best = 0;
-		for (uint64_t r = 0; r < runs; r++) {
-			double s = reference_once(&fs, device, why, sizeof why);
-			if (s == 0)
-				break;
-			best = best == 0 || s < best ? s : best;
-		}
-		ref_warm = &rows[nrows];
-		rows[nrows] = (struct row){"reference safetensors (warm)", best, ""};
-		snprintf(rows[nrows++].note, sizeof rows[0].note, "%s", why);
-	}
+	b->ref_warm = add_row(b, "reference safetensors (warm)", best, "%s", b->why);
+}
 
-	struct row *odirect = NULL, *fst_cold = NULL;
-	double cold_resident = -1;
-	if (cold && rc == EXIT_OK) {
-		/* each cold row after an eviction of its own, checked */
-		char ewhy[200];
-		double left;
-		bool evicted = evict(&fs, &cold_resident, ewhy, sizeof ewhy);
-		odirect = &rows[nrows];
-		rows[nrows] = (struct row){"O_DIRECT read limit (cold)", 0, ""};
-		if (evicted) {
-			rows[nrows].secs = parallel_read(&fs, dst, threads, true);
-			snprintf(rows[nrows].note, sizeof rows[0].note,
-				 "%u threads, 16 MiB O_DIRECT pread", threads);
-		} else {
-			snprintf(rows[nrows].note, sizeof rows[0].note,
-				 "skipped: cannot evict the page cache (%s)", ewhy);
-		}
-		nrows++;
-		fst_cold = &rows[nrows];
-		rows[nrows] = (struct row){"fst load (cold)", 0, ""};
-		if (evicted && (evicted = evict(&fs, &left, ewhy, sizeof ewhy))) {
-			int lrc;
-			rows[nrows].secs = fst_once(path, &lo, NULL, why, sizeof why, &lrc);
-			if (lrc)
-				rc = cli_exit_code(lrc);
-			snprintf(rows[nrows].note, sizeof rows[0].note, "%s", why);
-		} else {
-			snprintf(rows[nrows].note, sizeof rows[0].note,
-				 "skipped: cannot evict the page cache (%s)", ewhy);
-		}
-		nrows++;
-		if (reference) {
-			rows[nrows] = (struct row){"reference safetensors (cold)", 0, ""};
-			if (evicted && (evicted = evict(&fs, &left, ewhy, sizeof ewhy))) {
-				rows[nrows].secs = reference_once(&fs, device, why, sizeof why);
-				snprintf(rows[nrows].note, sizeof rows[0].note, "%s", why);
-			} else {
-				snprintf(rows[nrows].note, sizeof rows[0].note,
-					 "skipped: cannot evict the page cache (%s)", ewhy);
-			}
-			nrows++;
-		}
+/* Each cold row after an eviction of its own, checked. */
+static void measure_cold(struct bench *b)
+{
+	char ewhy[200];
+	double left;
+	bool evicted = evict(&b->fs, &b->cold_resident, ewhy, sizeof ewhy);
+	if (evicted)
+		b->odirect = add_row(b, "O_DIRECT read limit (cold)",
+				     parallel_read(&b->fs, b->dst, b->threads, true),
+				     "%u threads, 16 MiB O_DIRECT pread", b->threads);
+	else
+		b->odirect = skipped_row(b, "O_DIRECT read limit (cold)", ewhy);
+	if (evicted && (evicted = evict(&b->fs, &left, ewhy, sizeof ewhy))) {
+		int lrc;
+		double secs = fst_once(b->path, &b->lo, NULL, b->why, sizeof b->why, &lrc);
+		if (lrc)
+			b->rc = cli_exit_code(lrc);
+		b->fst_cold = add_row(b, "fst load (cold)", secs, "%s", b->why);
+	} else {
+		b->fst_cold = skipped_row(b, "fst load (cold)", ewhy);
 	}
-	munmap(dst, span);
+	if (!b->reference)
+		return;
+	if (evicted && (evicted = evict(&b->fs, &left, ewhy, sizeof ewhy))) {
+		double secs = reference_once(&b->fs, b->device, b->why, sizeof b->why);
+		add_row(b, "reference safetensors (cold)", secs, "%s", b->why);
+	} else {
+		skipped_row(b, "reference safetensors (cold)", ewhy);
+	}
+}
 
-	/* Limits move whole files; loaders move tensor bytes. Rates use each
-	 * one's own byte count. */
-	double gb_files = (double)fs.total / 1e9, gb_tensors = (double)tensor_bytes / 1e9;
-	json_t *out = json_object();
-	bool ok = cli_json_put_path(out, "path", path) &&
-		  cli_json_put(out, "device", cli_json_text(device)) &&
-		  cli_json_put(out, "file_bytes", json_integer((json_int_t)fs.total)) &&
-		  cli_json_put(out, "tensor_bytes", json_integer((json_int_t)tensor_bytes)) &&
-		  cli_json_put(out, "threads", json_integer(threads)) &&
-		  cli_json_put(out, "runs", json_integer((json_int_t)runs)) &&
-		  cli_json_put(out, "warm_resident", json_real(warm_resident)) &&
-		  cli_json_put(out, "cold_resident", json_real(cold_resident)) &&
-		  cli_json_put(out, "rows", json_array());
-	json_t *arr = ok ? json_object_get(out, "rows") : NULL;
-	if (!as_json) {
-		char hb[32];
-		printf("bench %s on %s: %zu files, %s; %u threads; best of %" PRIu64
-		       " warm runs\n",
-		       path, device, fs.n, cli_human_bytes(hb, sizeof hb, fs.total), threads, runs);
-		char warm[16] = "unknown", after[16] = "unknown";
-		if (warm_resident >= 0)
-			snprintf(warm, sizeof warm, "%.0f%%", warm_resident * 100);
-		if (cold_resident >= 0)
-			snprintf(after, sizeof after, "%.0f%%", cold_resident * 100);
-		if (!cold)
-			printf("page cache: %s resident warm; cold runs not measured\n", warm);
-		else
-			printf("page cache: %s resident warm, %s after eviction\n", warm, after);
-		printf("%-38s %9s %9s  %s\n", "measurement", "seconds", "GB/s", "notes");
-	}
-	for (int i = 0; i < nrows; i++) {
-		bool limit = strstr(rows[i].name, "limit") || strstr(rows[i].name, "plain");
+/* Every row, in the order measured; each step after a failure is skipped. */
+static void measure(struct bench *b)
+{
+	measure_limits(b);
+	measure_fst_warm(b);
+	if (b->reference && b->rc == EXIT_OK)
+		measure_reference_warm(b);
+	if (b->cold && b->rc == EXIT_OK)
+		measure_cold(b);
+}
+
+/* The text report's first lines. */
+static void print_header(const struct bench *b)
+{
+	char hb[32];
+	printf("bench %s on %s: %zu files, %s; %u threads; best of %" PRIu64 " warm runs\n",
+	       b->path, b->device, b->fs.n, cli_human_bytes(hb, sizeof hb, b->fs.total),
+	       b->threads, b->runs);
+	char warm[16] = "unknown", after[16] = "unknown";
+	if (b->warm_resident >= 0)
+		snprintf(warm, sizeof warm, "%.0f%%", b->warm_resident * 100);
+	if (b->cold_resident >= 0)
+		snprintf(after, sizeof after, "%.0f%%", b->cold_resident * 100);
+	if (!b->cold)
+		printf("page cache: %s resident warm; cold runs not measured\n", warm);
+	else
+		printf("page cache: %s resident warm, %s after eviction\n", warm, after);
+	printf("%-38s %9s %9s  %s\n", "measurement", "seconds", "GB/s", "notes");
+}
+
+/* Limits move whole files; loaders move tensor bytes. Rates use each one's
+ * own byte count. */
+#define GB_FILES(b) ((double)(b)->fs.total / 1e9)
+#define GB_TENSORS(b) ((double)(b)->tensor_bytes / 1e9)
+
+/* Every row, printed (text) and appended to arr; ok stays true while the
+ * JSON has lost nothing. */
+static bool put_rows(const struct bench *b, json_t *arr, bool ok)
+{
+	for (int i = 0; i < b->nrows; i++) {
+		const struct row *r = &b->rows[i];
+		bool limit = strstr(r->name, "limit") || strstr(r->name, "plain");
 		/* rows are timed over the files' bytes (limits) or the tensors'
 		 * (loaders); the copy limit's time was derived from the files' */
-		double gbps = rows[i].secs > 0 ? (limit ? gb_files : gb_tensors) / rows[i].secs : 0;
+		double gbps = r->secs > 0 ? (limit ? GB_FILES(b) : GB_TENSORS(b)) / r->secs : 0;
 		json_t *row = ok ? json_object() : NULL;
-		ok = cli_json_push(arr, row) &&
-		     cli_json_put(row, "name", json_string(rows[i].name)) &&
-		     cli_json_put(row, "seconds", json_real(rows[i].secs)) &&
+		ok = cli_json_push(arr, row) && cli_json_put(row, "name", json_string(r->name)) &&
+		     cli_json_put(row, "seconds", json_real(r->secs)) &&
 		     cli_json_put(row, "gbps", json_real(gbps)) &&
-		     cli_json_put(row, "notes", cli_json_text(rows[i].note));
-		if (!as_json)
-			printf("%-38s %9.3f %9.2f  %s\n", rows[i].name, rows[i].secs, gbps,
-			       rows[i].note);
+		     cli_json_put(row, "notes", cli_json_text(r->note));
+		if (!b->as_json)
+			printf("%-38s %9.3f %9.2f  %s\n", r->name, r->secs, gbps, r->note);
 	}
-	ok = ok && cli_json_put(out, "ratios", json_object());
-	json_t *ratios = ok ? json_object_get(out, "ratios") : NULL;
+	return ok;
+}
+
 #define RATE(row, gb) ((row) && (row)->secs > 0 ? (gb) / (row)->secs : 0)
-	double fw = RATE(fst_warm, gb_tensors), pl = RATE(pread_limit, gb_files);
-	double rw = RATE(ref_warm, gb_tensors);
-	double fc = RATE(fst_cold, gb_tensors), od = RATE(odirect, gb_files);
+
+/* The ratios between the rows that were measured. */
+static bool put_ratios(const struct bench *b, json_t *ratios, bool ok)
+{
+	double gb_files = GB_FILES(b), gb_tensors = GB_TENSORS(b);
+	double fw = RATE(b->fst_warm, gb_tensors), pl = RATE(b->pread_limit, gb_files);
+	double rw = RATE(b->ref_warm, gb_tensors);
+	double fc = RATE(b->fst_cold, gb_tensors), od = RATE(b->odirect, gb_files);
 	if (fw && pl)
 		ok = ok && cli_json_put(ratios, "fst_warm_vs_pread_limit", json_real(fw / pl));
-	double hl = RATE(h2d, gb_files);
+	double hl = RATE(b->h2d, gb_files);
 	if (fw && pl && hl)
 		ok = ok && cli_json_put(ratios, "fst_warm_vs_min_pread_copy_limit",
 					json_real(fw / (pl < hl ? pl : hl)));
 	if (fw && rw)
 		ok = ok && cli_json_put(ratios, "fst_warm_vs_reference", json_real(fw / rw));
-	double fr = RATE(reused, gb_tensors), fk = RATE(checked_row, gb_tensors);
-	double fkw = RATE(checked_warm, gb_tensors);
+	double fr = RATE(b->reused, gb_tensors), fk = RATE(b->checked_reused, gb_tensors);
+	double fkw = RATE(b->checked_warm, gb_tensors);
 	if (fkw && fw)
 		ok = ok && cli_json_put(ratios, "fst_checked_vs_unchecked", json_real(fkw / fw));
 	if (fk && fr)
@@ -706,7 +777,31 @@ int cmd_bench(int argc, char **argv)
 					json_real(fr / pl));
 	if (fc && od)
 		ok = ok && cli_json_put(ratios, "fst_cold_vs_odirect_limit", json_real(fc / od));
-	if (as_json) {
+	return ok;
+}
+
+/* The report, as text or one JSON object; returns the exit code. */
+static int report(const struct bench *b)
+{
+	json_t *out = json_object();
+	bool ok = cli_json_put_path(out, "path", b->path) &&
+		  cli_json_put(out, "device", cli_json_text(b->device)) &&
+		  cli_json_put(out, "file_bytes", json_integer((json_int_t)b->fs.total)) &&
+		  cli_json_put(out, "tensor_bytes", json_integer((json_int_t)b->tensor_bytes)) &&
+		  cli_json_put(out, "threads", json_integer(b->threads)) &&
+		  cli_json_put(out, "runs", json_integer((json_int_t)b->runs)) &&
+		  cli_json_put(out, "warm_resident", json_real(b->warm_resident)) &&
+		  cli_json_put(out, "cold_resident", json_real(b->cold_resident)) &&
+		  cli_json_put(out, "rows", json_array());
+	json_t *arr = ok ? json_object_get(out, "rows") : NULL;
+	if (!b->as_json)
+		print_header(b);
+	ok = put_rows(b, arr, ok);
+	ok = ok && cli_json_put(out, "ratios", json_object());
+	json_t *ratios = ok ? json_object_get(out, "ratios") : NULL;
+	ok = put_ratios(b, ratios, ok);
+	int rc = b->rc;
+	if (b->as_json) {
 		int jrc = cli_print_json("bench", out, ok);
 		if (rc == EXIT_OK)
 			rc = jrc;
@@ -724,9 +819,24 @@ int cmd_bench(int argc, char **argv)
 		printf("\n");
 	}
 	json_decref(out);
-	for (size_t i = 0; i < fs.n; i++)
-		free(fs.path[i]);
-	free(fs.path);
-	free(fs.size);
+	return rc;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+	struct bench b = {.cold_resident = -1};
+	bool done;
+	int rc = parse_args(argc, argv, &b, &done);
+	if (done)
+		return rc;
+	rc = prepare(&b);
+	if (rc == EXIT_OK)
+		rc = alloc_limit(&b);
+	if (rc == EXIT_OK) {
+		measure(&b);
+		munmap(b.dst, b.span);
+		rc = report(&b);
+	}
+	free_files(&b.fs);
 	return rc;
 }

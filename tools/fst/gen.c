@@ -134,7 +134,7 @@ static int add(struct model *m, fst_dtype dtype, uint64_t d0, uint64_t d1, const
 		m->cap = m->cap ? m->cap * 2 : 256;
 		struct gtensor *g = realloc(m->t, m->cap * sizeof *g);
 		if (!g)
-			return -1;
+			return EXIT_NOMEM;
 		m->t = g;
 	}
 	struct gtensor *t = &m->t[m->n];
@@ -149,7 +149,7 @@ static int add(struct model *m, fst_dtype dtype, uint64_t d0, uint64_t d1, const
 	t->shape[1] = d1;
 	t->nbytes = d0 * (d1 ? d1 : 1) * fst_dtype_bits(dtype) / 8;
 	t->id = m->n++;
-	return 0;
+	return EXIT_OK;
 }
 
 static uint64_t round_up(uint64_t v, uint64_t m)
@@ -157,7 +157,8 @@ static uint64_t round_up(uint64_t v, uint64_t m)
 	return (v + m - 1) / m * m;
 }
 
-/* Choose dimensions so the tensors add up to about size bytes. */
+/* Choose dimensions so the tensors add up to about size bytes; EXIT_OK or
+ * EXIT_NOMEM. */
 static int build_model(struct model *m, uint64_t size, bool misaligned, uint64_t seed,
 		       fst_dtype wt)
 {
@@ -247,7 +248,16 @@ static int commit(const char *stage, const char *dir, uint64_t shards)
 	return EXIT_OK;
 }
 
-int cmd_gen(int argc, char **argv)
+struct gen_args {
+	uint64_t size, shards, seed;
+	bool misaligned;
+	fst_dtype wt;
+	const char *dir;
+};
+
+/* The command line into a; *done when the command ends here (help, or a
+ * usage error). */
+static int parse_args(int argc, char **argv, struct gen_args *a, bool *done)
 {
 	static const struct option opts[] = {
 		{"size", required_argument, NULL, 's'},
@@ -258,35 +268,34 @@ int cmd_gen(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{0, 0, 0, 0},
 	};
-	uint64_t size = 1ull << 30, shards = 4, seed = 0;
-	bool misaligned = false;
-	fst_dtype wt = FST_DTYPE_BF16;
+	*a = (struct gen_args){.size = 1ull << 30, .shards = 4, .wt = FST_DTYPE_BF16};
+	*done = true;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 's':
-			if (!cli_parse_size(optarg, &size) || size == 0) {
+			if (!cli_parse_size(optarg, &a->size) || a->size == 0) {
 				cli_error("gen", "--size \"%s\" is not a size such as 2GiB", optarg);
 				return EXIT_USAGE;
 			}
 			break;
 		case 'n':
-			if (!cli_parse_uint(optarg, 99999, &shards) || shards == 0) {
+			if (!cli_parse_uint(optarg, 99999, &a->shards) || a->shards == 0) {
 				cli_error("gen", "--shards \"%s\" must be 1 to 99999", optarg);
 				return EXIT_USAGE;
 			}
 			break;
 		case 'S':
-			if (!cli_parse_uint(optarg, UINT64_MAX, &seed)) {
+			if (!cli_parse_uint(optarg, UINT64_MAX, &a->seed)) {
 				cli_error("gen", "--seed \"%s\" is not a non-negative integer", optarg);
 				return EXIT_USAGE;
 			}
 			break;
-		case 'm': misaligned = true; break;
+		case 'm': a->misaligned = true; break;
 		case 'd':
-			wt = fst_dtype_from_name(optarg);
-			if (wt != FST_DTYPE_BF16 && wt != FST_DTYPE_F16 && wt != FST_DTYPE_F32) {
+			a->wt = fst_dtype_from_name(optarg);
+			if (a->wt != FST_DTYPE_BF16 && a->wt != FST_DTYPE_F16 && a->wt != FST_DTYPE_F32) {
 				cli_error("gen", "--dtype \"%s\": expected BF16, F16 or F32", optarg);
 				return EXIT_USAGE;
 			}
@@ -300,8 +309,14 @@ int cmd_gen(int argc, char **argv)
 		help(stderr);
 		return EXIT_USAGE;
 	}
-	const char *dir = argv[optind];
-	/* like mkdir -p: parents too */
+	a->dir = argv[optind];
+	*done = false;
+	return EXIT_OK;
+}
+
+/* dir, like mkdir -p: parents too. */
+static int make_dirs(const char *dir)
+{
 	char part[4096];
 	snprintf(part, sizeof part, "%s", dir);
 	for (char *p = part + 1;; p++) {
@@ -315,104 +330,106 @@ int cmd_gen(int argc, char **argv)
 		}
 		*p = saved;
 		if (!saved)
-			break;
+			return EXIT_OK;
 	}
+}
 
-	struct model m = {0};
-	if (build_model(&m, size, misaligned, seed, wt)) {
-		cli_error("gen", "out of memory");
-		free(m.t);
-		return EXIT_NOMEM;
+/* Shard s of shards, tensors [first, next) of m, into stage; each named in
+ * map. */
+static int write_shard(const struct model *m, const char *stage, uint64_t s, uint64_t shards,
+		       size_t first, size_t next, bool misaligned, json_t *map)
+{
+	char fname[64], path[4200];
+	shard_name(fname, sizeof fname, s, shards);
+	snprintf(path, sizeof path, "%s/%s", stage, fname);
+	fst_writer_opts wo;
+	fst_writer_opts_init(&wo);
+	if (misaligned) {
+		wo.data_align = 16;
+		wo.header_extra = 8;
 	}
-	if (shards > m.n)
-		shards = m.n;
-	uint64_t total = 0;
-	for (size_t i = 0; i < m.n; i++)
-		total += m.t[i].nbytes;
-
-	/*
-	 * Shards are written under a hidden directory inside DIR (loads skip
-	 * names starting with '.') and moved into place only once all of them
-	 * are complete, the index last: an interrupted or failed run leaves
-	 * DIR as it was, never a partial checkpoint that looks whole.
-	 */
-	char stage[4096];
-	snprintf(stage, sizeof stage, "%s/.fst-gen-%ld", dir, (long)getpid());
-	if (mkdir(stage, 0755)) {
-		cli_error("gen", "%s: cannot create directory: %s", stage, strerror(errno));
-		free(m.t);
-		return EXIT_IO;
+	fst_writer *w;
+	fst_error err;
+	if (fst_writer_new(&wo, &w, &err)) {
+		cli_error("gen", "%s", err.message);
+		return cli_exit_code(err.code);
 	}
-	struct sigaction sa = {0}, old_sa[3];
-	static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
-	sa.sa_handler = on_signal;
-	sigemptyset(&sa.sa_mask);
-	for (int k = 0; k < 3; k++)
-		sigaction(sigs[k], &sa, &old_sa[k]);
+	fst_writer_metadata(w, "format", "pt", NULL);
+	int rc = EXIT_OK;
+	for (size_t i = first; i < next && rc == EXIT_OK; i++) {
+		struct gtensor *t = &m->t[i];
+		if (fst_writer_add_fill(w, t->name, t->dtype, t->ndim, t->shape, fill, t, &err)) {
+			cli_error("gen", "%s", err.message);
+			rc = cli_exit_code(err.code);
+		} else if (json_object_set_new(map, t->name, json_string(fname))) {
+			rc = EXIT_NOMEM;
+		}
+	}
+	if (rc == EXIT_OK && fst_writer_finish(w, path, &err)) {
+		if (!interrupted)
+			cli_error("gen", "%s", err.message);
+		rc = cli_exit_code(err.code);
+	}
+	fst_writer_free(w);
+	return rc;
+}
 
-	double t0 = cli_now();
-	json_t *map = json_object();
-	int rc = map ? EXIT_OK : EXIT_NOMEM;
+/* Every shard of m (total bytes) into stage; *done counts those written. */
+static int write_shards(const struct model *m, uint64_t total, const char *stage,
+			uint64_t shards, bool misaligned, json_t *map, uint64_t *done)
+{
 	size_t next = 0;
-	uint64_t written = 0, done_shards = 0;
+	uint64_t written = 0;
+	int rc = EXIT_OK;
 	for (uint64_t s = 0; s < shards && rc == EXIT_OK; s++) {
 		/* Shard s takes tensors until the running total nears its share,
 		 * leaving at least one tensor for every later shard. */
 		uint64_t target = total * (s + 1) / shards, later = shards - s - 1;
 		size_t first = next;
 		do {
-			written += m.t[next++].nbytes;
-		} while (next < m.n && (later == 0 || (m.n - next > later &&
-						       written + m.t[next].nbytes / 2 <= target)));
-
-		char fname[64], path[4200];
-		shard_name(fname, sizeof fname, s, shards);
-		snprintf(path, sizeof path, "%s/%s", stage, fname);
-		fst_writer_opts wo;
-		fst_writer_opts_init(&wo);
-		if (misaligned) {
-			wo.data_align = 16;
-			wo.header_extra = 8;
-		}
-		fst_writer *w;
-		fst_error err;
-		if (fst_writer_new(&wo, &w, &err)) {
-			cli_error("gen", "%s", err.message);
-			rc = cli_exit_code(err.code);
-			break;
-		}
-		fst_writer_metadata(w, "format", "pt", NULL);
-		for (size_t i = first; i < next && rc == EXIT_OK; i++) {
-			struct gtensor *t = &m.t[i];
-			if (fst_writer_add_fill(w, t->name, t->dtype, t->ndim, t->shape, fill, t,
-						&err)) {
-				cli_error("gen", "%s", err.message);
-				rc = cli_exit_code(err.code);
-			} else if (json_object_set_new(map, t->name, json_string(fname))) {
-				rc = EXIT_NOMEM;
-			}
-		}
-		if (rc == EXIT_OK && fst_writer_finish(w, path, &err)) {
-			if (!interrupted)
-				cli_error("gen", "%s", err.message);
-			rc = cli_exit_code(err.code);
-		}
-		fst_writer_free(w);
+			written += m->t[next++].nbytes;
+		} while (next < m->n && (later == 0 || (m->n - next > later &&
+						       written + m->t[next].nbytes / 2 <= target)));
+		rc = write_shard(m, stage, s, shards, first, next, misaligned, map);
 		if (rc == EXIT_OK)
-			done_shards++;
+			(*done)++;
 	}
-	if (rc == EXIT_OK) {
-		char path[4200];
-		snprintf(path, sizeof path, "%s/model.safetensors.index.json", stage);
-		json_t *index = json_pack("{s:{s:I}, s:o}", "metadata", "total_size",
-					  (json_int_t)total, "weight_map", json_incref(map));
-		if (!index || json_dump_file(index, path, JSON_INDENT(2) | JSON_SORT_KEYS)) {
-			cli_error("gen", "%s: cannot write", path);
-			rc = EXIT_IO;
-		}
-		json_decref(index);
+	return rc;
+}
+
+static int write_index(const char *stage, uint64_t total, json_t *map)
+{
+	char path[4200];
+	snprintf(path, sizeof path, "%s/model.safetensors.index.json", stage);
+	json_t *index = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
+				  "weight_map", json_incref(map));
+	int rc = EXIT_OK;
+	if (!index || json_dump_file(index, path, JSON_INDENT(2) | JSON_SORT_KEYS)) {
+		cli_error("gen", "%s: cannot write", path);
+		rc = EXIT_IO;
 	}
-	/* The commit: no signal may cut it short, so it waits until the end. */
+	json_decref(index);
+	return rc;
+}
+
+static const int gen_signals[3] = {SIGINT, SIGTERM, SIGHUP};
+
+static void catch_signals(struct sigaction old[3])
+{
+	struct sigaction sa = {0};
+	sa.sa_handler = on_signal;
+	sigemptyset(&sa.sa_mask);
+	for (int k = 0; k < 3; k++)
+		sigaction(gen_signals[k], &sa, &old[k]);
+}
+
+/* The end of a run whose writing ended with rc: the commit, which no signal
+ * may cut short, so it waits until the end; or, after a failure or an
+ * interruption, the staged files removed. Then the caller's signal
+ * handling back. */
+static int settle(const char *stage, const char *dir, uint64_t shards, uint64_t done_shards,
+		  int rc, const struct sigaction old[3])
+{
 	sigset_t all, saved;
 	sigfillset(&all);
 	sigprocmask(SIG_BLOCK, &all, &saved);
@@ -426,15 +443,62 @@ int cmd_gen(int argc, char **argv)
 		rc = EXIT_CANCELED;
 	}
 	for (int k = 0; k < 3; k++)
-		sigaction(sigs[k], &old_sa[k], NULL);
+		sigaction(gen_signals[k], &old[k], NULL);
 	sigprocmask(SIG_SETMASK, &saved, NULL);
+	return rc;
+}
+
+int cmd_gen(int argc, char **argv)
+{
+	struct gen_args a;
+	bool done;
+	int rc = parse_args(argc, argv, &a, &done);
+	if (done)
+		return rc;
+	rc = make_dirs(a.dir);
+	if (rc)
+		return rc;
+	struct model m = {0};
+	if (build_model(&m, a.size, a.misaligned, a.seed, a.wt)) {
+		cli_error("gen", "out of memory");
+		free(m.t);
+		return EXIT_NOMEM;
+	}
+	uint64_t shards = a.shards > m.n ? m.n : a.shards, total = 0;
+	for (size_t i = 0; i < m.n; i++)
+		total += m.t[i].nbytes;
+
+	/*
+	 * Shards are written under a hidden directory inside DIR (loads skip
+	 * names starting with '.') and moved into place only once all of them
+	 * are complete, the index last: an interrupted or failed run leaves
+	 * DIR as it was, never a partial checkpoint that looks whole.
+	 */
+	char stage[4096];
+	snprintf(stage, sizeof stage, "%s/.fst-gen-%ld", a.dir, (long)getpid());
+	if (mkdir(stage, 0755)) {
+		cli_error("gen", "%s: cannot create directory: %s", stage, strerror(errno));
+		free(m.t);
+		return EXIT_IO;
+	}
+	struct sigaction old_sa[3];
+	catch_signals(old_sa);
+	double t0 = cli_now();
+	json_t *map = json_object();
+	rc = map ? EXIT_OK : EXIT_NOMEM;
+	uint64_t done_shards = 0;
+	if (rc == EXIT_OK)
+		rc = write_shards(&m, total, stage, shards, a.misaligned, map, &done_shards);
+	if (rc == EXIT_OK)
+		rc = write_index(stage, total, map);
+	rc = settle(stage, a.dir, shards, done_shards, rc, old_sa);
 	json_decref(map);
 	if (rc == EXIT_OK) {
 		double dt = cli_now() - t0;
 		char hb[32];
-		printf("wrote %s: %" PRIu64 " shard%s, %zu tensors, %s in %.2f s%s\n", dir, shards,
+		printf("wrote %s: %" PRIu64 " shard%s, %zu tensors, %s in %.2f s%s\n", a.dir, shards,
 		       shards == 1 ? "" : "s", m.n, cli_human_bytes(hb, sizeof hb, total), dt,
-		       misaligned ? " (misaligned)" : "");
+		       a.misaligned ? " (misaligned)" : "");
 	}
 	free(m.t);
 	return rc;

@@ -42,7 +42,15 @@ static void progress(void *ctx, uint64_t done, uint64_t total)
 	b->shown = true;
 }
 
-int cmd_load(int argc, char **argv)
+struct load_args {
+	fst_load_opts lo;
+	bool as_json, show_progress;
+	const char *manifest, *path;
+};
+
+/* The command line into a; *done when the command ends here (help, or a
+ * usage error). */
+static int parse_args(int argc, char **argv, struct load_args *a, bool *done)
 {
 	static const struct option opts[] = {
 		CLI_LOAD_OPTIONS,
@@ -52,22 +60,23 @@ int cmd_load(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{0, 0, 0, 0},
 	};
-	fst_load_opts lo;
-	fst_load_opts_init(&lo);
-	bool as_json = false, show_progress = true;
-	const char *manifest = NULL;
+	fst_load_opts_init(&a->lo);
+	a->as_json = false;
+	a->show_progress = true;
+	a->manifest = NULL;
+	*done = true;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		int r = cli_load_option("load", c, optarg, &lo);
+		int r = cli_load_option("load", c, optarg, &a->lo);
 		if (r == EXIT_USAGE)
 			return r;
 		if (r == EXIT_OK)
 			continue;
 		switch (c) {
-		case 'j': as_json = true; break;
-		case 'P': show_progress = false; break;
-		case 'C': manifest = optarg; break;
+		case 'j': a->as_json = true; break;
+		case 'P': a->show_progress = false; break;
+		case 'C': a->manifest = optarg; break;
 		case 'h': help(stdout); return EXIT_OK;
 		default: help(stderr); return EXIT_USAGE;
 		}
@@ -77,20 +86,69 @@ int cmd_load(int argc, char **argv)
 		help(stderr);
 		return EXIT_USAGE;
 	}
-	int rc = cli_check_fault_env("load");
+	a->path = argv[optind];
+	*done = false;
+	return EXIT_OK;
+}
+
+/* The summary of a load that took open_secs to open ck and secs in all. */
+static int report(const struct load_args *a, const fst_checkpoint *ck, const fst_buffer *buf,
+		  size_t checked, double open_secs, double secs)
+{
+	const char *device = a->lo.device ? a->lo.device : "cpu";
+	uint64_t bytes = fst_buffer_tensor_bytes(buf);
+	size_t tensors = fst_buffer_tensor_count(buf);
+	double gbps = secs > 0 ? (double)bytes / secs / 1e9 : 0;
+	if (!a->as_json) {
+		char hb[32], rss[32];
+		printf("loaded %s onto %s: %zu tensors from %zu file%s, %s in %.3f s (%.2f GB/s)\n",
+		       a->path, device, tensors, fst_checkpoint_file_count(ck),
+		       fst_checkpoint_file_count(ck) == 1 ? "" : "s",
+		       cli_human_bytes(hb, sizeof hb, bytes), secs, gbps);
+		printf("  path: %s\n", fst_buffer_describe(buf));
+		printf("  header parsing %.3f s; peak RSS %s\n", open_secs,
+		       cli_human_bytes(rss, sizeof rss, cli_peak_rss()));
+		return EXIT_OK;
+	}
+	json_t *o = json_object();
+	bool ok = cli_json_put_path(o, "path", a->path) &&
+		  cli_json_put(o, "device", cli_json_text(device)) &&
+		  cli_json_put(o, "tensors", json_integer((json_int_t)tensors)) &&
+		  cli_json_put(o, "bytes", json_integer((json_int_t)bytes)) &&
+		  cli_json_put(o, "allocated", json_integer((json_int_t)fst_buffer_size(buf))) &&
+		  cli_json_put(o, "files", json_integer((json_int_t)fst_checkpoint_file_count(ck))) &&
+		  cli_json_put(o, "open_seconds", json_real(open_secs)) &&
+		  cli_json_put(o, "seconds", json_real(secs)) &&
+		  cli_json_put(o, "gbps", json_real(gbps)) &&
+		  cli_json_put(o, "path_chosen", cli_json_text(fst_buffer_describe(buf))) &&
+		  cli_json_put(o, "peak_rss", json_integer((json_int_t)cli_peak_rss()));
+	if (a->manifest)
+		ok = ok && cli_json_put(o, "checked_tensors", json_integer((json_int_t)checked));
+	int rc = cli_print_json("load", o, ok);
+	json_decref(o);
+	return rc;
+}
+
+int cmd_load(int argc, char **argv)
+{
+	struct load_args a;
+	bool done;
+	int rc = parse_args(argc, argv, &a, &done);
+	if (done)
+		return rc;
+	rc = cli_check_fault_env("load");
 	if (rc)
 		return rc;
-	const char *path = argv[optind];
 	struct bar bar = {cli_now(), false, 0};
-	if (show_progress && !as_json && isatty(2)) {
-		lo.progress = progress;
-		lo.progress_ctx = &bar;
+	if (a.show_progress && !a.as_json && isatty(2)) {
+		a.lo.progress = progress;
+		a.lo.progress_ctx = &bar;
 	}
 
 	double t0 = cli_now();
 	fst_checkpoint *ck;
 	fst_error err;
-	if (fst_checkpoint_open(path, &ck, &err)) {
+	if (fst_checkpoint_open(a.path, &ck, &err)) {
 		cli_error("load", "%s", err.message);
 		return cli_exit_code(err.code);
 	}
@@ -98,10 +156,10 @@ int cmd_load(int argc, char **argv)
 	bar.t0 = t1;
 	fst_buffer *buf;
 	size_t checked = 0;
-	if (manifest)
-		rc = cli_load_checked(ck, &lo, manifest, &buf, &checked, &err);
+	if (a.manifest)
+		rc = cli_load_checked(ck, &a.lo, a.manifest, &buf, &checked, &err);
 	else
-		rc = fst_load(ck, &lo, &buf, &err);
+		rc = fst_load(ck, &a.lo, &buf, &err);
 	double t2 = cli_now();
 	if (bar.shown)
 		fputc('\n', stderr);
@@ -110,39 +168,9 @@ int cmd_load(int argc, char **argv)
 		fst_checkpoint_close(ck);
 		return cli_exit_code(rc);
 	}
-	if (manifest && !as_json)
-		printf("checked %zu tensors against %s: every digest equal\n", checked, manifest);
-	uint64_t bytes = fst_buffer_tensor_bytes(buf);
-	size_t tensors = fst_buffer_tensor_count(buf);
-	double secs = t2 - t0, gbps = secs > 0 ? (double)bytes / secs / 1e9 : 0;
-	if (as_json) {
-		json_t *o = json_object();
-		bool ok = cli_json_put_path(o, "path", path) &&
-			  cli_json_put(o, "device", cli_json_text(lo.device ? lo.device : "cpu")) &&
-			  cli_json_put(o, "tensors", json_integer((json_int_t)tensors)) &&
-			  cli_json_put(o, "bytes", json_integer((json_int_t)bytes)) &&
-			  cli_json_put(o, "allocated", json_integer((json_int_t)fst_buffer_size(buf))) &&
-			  cli_json_put(o, "files",
-				       json_integer((json_int_t)fst_checkpoint_file_count(ck))) &&
-			  cli_json_put(o, "open_seconds", json_real(t1 - t0)) &&
-			  cli_json_put(o, "seconds", json_real(secs)) &&
-			  cli_json_put(o, "gbps", json_real(gbps)) &&
-			  cli_json_put(o, "path_chosen", cli_json_text(fst_buffer_describe(buf))) &&
-			  cli_json_put(o, "peak_rss", json_integer((json_int_t)cli_peak_rss()));
-		if (manifest)
-			ok = ok && cli_json_put(o, "checked_tensors", json_integer((json_int_t)checked));
-		rc = cli_print_json("load", o, ok);
-		json_decref(o);
-	} else {
-		char hb[32], rss[32];
-		printf("loaded %s onto %s: %zu tensors from %zu file%s, %s in %.3f s (%.2f GB/s)\n",
-		       path, lo.device ? lo.device : "cpu", tensors, fst_checkpoint_file_count(ck),
-		       fst_checkpoint_file_count(ck) == 1 ? "" : "s",
-		       cli_human_bytes(hb, sizeof hb, bytes), secs, gbps);
-		printf("  path: %s\n", fst_buffer_describe(buf));
-		printf("  header parsing %.3f s; peak RSS %s\n", t1 - t0,
-		       cli_human_bytes(rss, sizeof rss, cli_peak_rss()));
-	}
+	if (a.manifest && !a.as_json)
+		printf("checked %zu tensors against %s: every digest equal\n", checked, a.manifest);
+	rc = report(&a, ck, buf, checked, t1 - t0, t2 - t0);
 	fst_buffer_release(buf);
 	fst_checkpoint_close(ck);
 	return rc;

@@ -172,7 +172,15 @@ static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *m
 	return rc;
 }
 
-int cmd_verify(int argc, char **argv)
+struct verify_args {
+	fst_load_opts lo;
+	bool hash;
+	const char *manifest, *path;
+};
+
+/* The command line into a; *done when the command ends here (help, or a
+ * usage error). */
+static int parse_args(int argc, char **argv, struct verify_args *a, bool *done)
 {
 	static const struct option opts[] = {
 		CLI_LOAD_OPTIONS,
@@ -181,14 +189,14 @@ int cmd_verify(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{0, 0, 0, 0},
 	};
-	fst_load_opts lo;
-	fst_load_opts_init(&lo);
-	bool hash = false;
-	const char *manifest = NULL;
+	fst_load_opts_init(&a->lo);
+	a->hash = false;
+	a->manifest = NULL;
+	*done = true;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		int r = cli_load_option("verify", c, optarg, &lo);
+		int r = cli_load_option("verify", c, optarg, &a->lo);
 		if (r == EXIT_USAGE)
 			return r;
 		if (r == EXIT_OK)
@@ -198,12 +206,12 @@ int cmd_verify(int argc, char **argv)
 			return EXIT_OK;
 		}
 		if (c == 'H') {
-			hash = true;
+			a->hash = true;
 			continue;
 		}
 		if (c == 'M') {
-			hash = true;
-			manifest = optarg;
+			a->hash = true;
+			a->manifest = optarg;
 			continue;
 		}
 		help(stderr);
@@ -214,33 +222,186 @@ int cmd_verify(int argc, char **argv)
 		help(stderr);
 		return EXIT_USAGE;
 	}
-	int rc = cli_check_fault_env("verify");
-	if (rc)
-		return rc;
-	const char *path = argv[optind];
-	fst_checkpoint *ck;
-	fst_error err;
-	if (fst_checkpoint_open(path, &ck, &err)) {
-		cli_error("verify", "%s", err.message);
-		return cli_exit_code(err.code);
-	}
+	a->path = argv[optind];
+	*done = false;
+	return EXIT_OK;
+}
+
+/* Each file's identity as the checkpoint opened it (calloc'd, one spare;
+ * NULL out of memory). */
+static struct ident *identities(const fst_checkpoint *ck)
+{
 	size_t nfiles = fst_checkpoint_file_count(ck);
 	struct ident *was = calloc(nfiles + 1, sizeof *was);
-	if (!was) {
-		cli_error("verify", "out of memory");
-		fst_checkpoint_close(ck);
-		return EXIT_NOMEM;
-	}
-	for (size_t fi = 0; fi < nfiles; fi++) {
+	for (size_t fi = 0; was && fi < nfiles; fi++) {
 		const fst_file *f = fst_checkpoint_file(ck, fi);
 		struct stat st;
 		int fd = fst_file_fd(f);
 		if (fd >= 0 ? fstat(fd, &st) == 0 : stat(fst_file_path(f), &st) == 0)
 			ident_of(&st, &was[fi]);
 	}
+	return was;
+}
+
+/* The comparison's state: the load, two blocks, the counts so far. */
+struct compare {
+	fst_buffer *buf;
+	char *want;         /* the file's bytes */
+	unsigned char *got; /* the loaded ones */
+	size_t block;
+	uint64_t checked;
+	size_t ntensors;
+};
+
+/* The plain read of n bytes at file offset at ended short (errnum: its
+ * error, or 0): a file that changed, or an I/O error. */
+static int short_read(const char *path, int fd, const struct ident *was, int errnum, size_t n,
+		      uint64_t at)
+{
+	char changed[256];
+	what_changed(was, fd, changed, sizeof changed);
+	if (changed[0]) {
+		cli_error("verify", "%s: file changed during the comparison (%s); its bytes cannot "
+				    "be trusted",
+			  path, changed);
+		return EXIT_CHANGED;
+	}
+	cli_error("verify", "%s: plain read of %zu bytes at offset %" PRIu64 " failed: %s", path, n,
+		  at, errnum ? strerror(errnum) : "the file ended early");
+	return EXIT_IO;
+}
+
+/* The loaded bytes of info at tensor offset off differ from the file's. */
+static int difference(const struct compare *c, const char *path, int fd, const struct ident *was,
+		      const fst_tensor_info *info, uint64_t off)
+{
+	size_t k = 0;
+	while (c->got[k] == (unsigned char)c->want[k])
+		k++;
+	/* a file written to since it was opened differs for that reason: not a
+	 * mismatch of the load */
+	char changed[256];
+	what_changed(was, fd, changed, sizeof changed);
+	if (changed[0]) {
+		cli_error("verify",
+			  "%s: file changed during the comparison (%s): tensor \"%s\" differs at "
+			  "byte %" PRIu64 " of the tensor, but that says nothing of the load",
+			  path, changed, info->name, off + k);
+		return EXIT_CHANGED;
+	}
+	cli_error("verify",
+		  "%s: tensor \"%s\" differs at byte %" PRIu64 " of the tensor (file offset %" PRIu64
+		  "): loaded 0x%02x, file 0x%02x",
+		  path, info->name, off + k, info->file_offset + off + k, c->got[k],
+		  (unsigned char)c->want[k]);
+	return EXIT_MISMATCH;
+}
+
+/* Bytes [off, off + n) of tensor info: read plainly from fd, compared with
+ * the loaded view v. */
+static int compare_block(struct compare *c, const char *path, int fd, const struct ident *was,
+			 const fst_tensor_info *info, const fst_tensor_view *v, uint64_t off,
+			 size_t n)
+{
+	ssize_t r = pread(fd, c->want, n, (off_t)(info->file_offset + off));
+	if (r != (ssize_t)n)
+		return short_read(path, fd, was, r < 0 ? errno : 0, n, info->file_offset + off);
+	/* the loaded bytes, fetched from wherever they are */
+	fst_error err;
+	if (fst_copy_to_host(v, off, c->got, n, &err)) {
+		cli_error("verify", "%s", err.message);
+		return cli_exit_code(err.code);
+	}
+	if (memcmp(c->got, c->want, n))
+		return difference(c, path, fd, was, info, off);
+	return EXIT_OK;
+}
+
+/* Tensor info of the file path (open as fd) against its loaded view. */
+static int compare_tensor(struct compare *c, const char *path, int fd, const struct ident *was,
+			  const fst_tensor_info *info)
+{
+	long bi = fst_buffer_find(c->buf, info->name);
+	fst_tensor_view v;
+	if (bi < 0 || fst_buffer_tensor(c->buf, (size_t)bi, &v)) {
+		cli_error("verify", "%s: tensor \"%s\" is missing from the load", path, info->name);
+		return EXIT_MISMATCH;
+	}
+	int rc = EXIT_OK;
+	if (v.nbytes != info->nbytes || v.dtype != info->dtype) {
+		cli_error("verify",
+			  "%s: tensor \"%s\": loaded %" PRIu64 " bytes of %s, the file has %" PRIu64
+			  " of %s",
+			  path, info->name, v.nbytes, fst_dtype_name(v.dtype), info->nbytes,
+			  fst_dtype_name(info->dtype));
+		rc = EXIT_MISMATCH;
+	}
+	for (uint64_t off = 0; off < info->nbytes && rc == EXIT_OK;) {
+		size_t n = (size_t)(info->nbytes - off < c->block ? info->nbytes - off : c->block);
+		rc = compare_block(c, path, fd, was, info, &v, off, n);
+		if (rc == EXIT_OK) {
+			off += n;
+			c->checked += n;
+		}
+	}
+	fst_view_release(&v);
+	c->ntensors++;
+	return rc;
+}
+
+/* Every tensor of file f, read plainly through a descriptor of its own. */
+static int compare_file(struct compare *c, const fst_file *f, const struct ident *was)
+{
+	const char *path = fst_file_path(f);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		cli_error("verify", "%s: cannot open: %s", path, strerror(errno));
+		return EXIT_IO;
+	}
+	/* the path must still name the file that was loaded */
+	struct stat st;
+	if (was->known && fstat(fd, &st) == 0 && (st.st_dev != was->dev || st.st_ino != was->ino)) {
+		cli_error("verify", "%s: file changed during the comparison (the path now names "
+				    "another file than the one loaded); its bytes cannot be trusted",
+			  path);
+		close(fd);
+		return EXIT_CHANGED;
+	}
+	int rc = EXIT_OK;
+	for (size_t ti = 0; ti < fst_file_tensor_count(f) && rc == EXIT_OK; ti++) {
+		fst_tensor_info info;
+		fst_file_tensor(f, ti, &info);
+		rc = compare_tensor(c, path, fd, was, &info);
+	}
+	close(fd);
+	return rc;
+}
+
+int cmd_verify(int argc, char **argv)
+{
+	struct verify_args a;
+	bool done;
+	int rc = parse_args(argc, argv, &a, &done);
+	if (done)
+		return rc;
+	rc = cli_check_fault_env("verify");
+	if (rc)
+		return rc;
+	fst_checkpoint *ck;
+	fst_error err;
+	if (fst_checkpoint_open(a.path, &ck, &err)) {
+		cli_error("verify", "%s", err.message);
+		return cli_exit_code(err.code);
+	}
+	struct ident *was = identities(ck);
+	if (!was) {
+		cli_error("verify", "out of memory");
+		fst_checkpoint_close(ck);
+		return EXIT_NOMEM;
+	}
 	double t0 = cli_now();
 	fst_buffer *buf;
-	if ((rc = fst_load(ck, &lo, &buf, &err))) {
+	if ((rc = fst_load(ck, &a.lo, &buf, &err))) {
 		cli_error("verify", "%s", err.message);
 		fst_checkpoint_close(ck);
 		free(was);
@@ -249,132 +410,27 @@ int cmd_verify(int argc, char **argv)
 	double t1 = cli_now();
 	test_stop("verify-compare");
 
-	const size_t block = 8u << 20;
-	char *want = malloc(block);
-	unsigned char *got = malloc(block);
-	if (!want || !got) {
+	struct compare c = {.buf = buf, .block = 8u << 20};
+	c.want = malloc(c.block);
+	c.got = malloc(c.block);
+	if (!c.want || !c.got) {
 		cli_error("verify", "out of memory");
 		rc = EXIT_NOMEM;
-		goto out;
 	}
-	uint64_t checked = 0;
-	size_t ntensors = 0;
-	char changed[256];
-	for (size_t fi = 0; fi < fst_checkpoint_file_count(ck) && rc == EXIT_OK; fi++) {
-		const fst_file *f = fst_checkpoint_file(ck, fi);
-		int fd = open(fst_file_path(f), O_RDONLY | O_CLOEXEC);
-		if (fd < 0) {
-			cli_error("verify", "%s: cannot open: %s", fst_file_path(f), strerror(errno));
-			rc = EXIT_IO;
-			break;
-		}
-		/* the path must still name the file that was loaded */
-		struct stat st;
-		if (was[fi].known && fstat(fd, &st) == 0 &&
-		    (st.st_dev != was[fi].dev || st.st_ino != was[fi].ino)) {
-			cli_error("verify", "%s: file changed during the comparison (the path now "
-					    "names another file than the one loaded); its bytes "
-					    "cannot be trusted",
-				  fst_file_path(f));
-			rc = EXIT_CHANGED;
-			close(fd);
-			break;
-		}
-		for (size_t ti = 0; ti < fst_file_tensor_count(f) && rc == EXIT_OK; ti++) {
-			fst_tensor_info info;
-			fst_file_tensor(f, ti, &info);
-			long bi = fst_buffer_find(buf, info.name);
-			fst_tensor_view v;
-			if (bi < 0 || fst_buffer_tensor(buf, (size_t)bi, &v)) {
-				cli_error("verify", "%s: tensor \"%s\" is missing from the load",
-					  fst_file_path(f), info.name);
-				rc = EXIT_MISMATCH;
-				break;
-			}
-			if (v.nbytes != info.nbytes || v.dtype != info.dtype) {
-				cli_error("verify", "%s: tensor \"%s\": loaded %" PRIu64
-						    " bytes of %s, the file has %" PRIu64 " of %s",
-					  fst_file_path(f), info.name, v.nbytes,
-					  fst_dtype_name(v.dtype), info.nbytes,
-					  fst_dtype_name(info.dtype));
-				rc = EXIT_MISMATCH;
-			}
-			for (uint64_t off = 0; off < info.nbytes && rc == EXIT_OK;) {
-				size_t n = (size_t)(info.nbytes - off < block ? info.nbytes - off
-									      : block);
-				ssize_t r = pread(fd, want, n, (off_t)(info.file_offset + off));
-				if (r != (ssize_t)n) {
-					int e = r < 0 ? errno : 0;
-					what_changed(&was[fi], fd, changed, sizeof changed);
-					if (changed[0]) {
-						cli_error("verify", "%s: file changed during the "
-								    "comparison (%s); its bytes cannot "
-								    "be trusted",
-							  fst_file_path(f), changed);
-						rc = EXIT_CHANGED;
-						break;
-					}
-					cli_error("verify", "%s: plain read of %zu bytes at offset %" PRIu64
-							    " failed: %s",
-						  fst_file_path(f), n, info.file_offset + off,
-						  e ? strerror(e) : "the file ended early");
-					rc = EXIT_IO;
-					break;
-				}
-				/* the loaded bytes, fetched from wherever they are */
-				if (fst_copy_to_host(&v, off, got, n, &err)) {
-					cli_error("verify", "%s", err.message);
-					rc = cli_exit_code(err.code);
-					break;
-				}
-				if (memcmp(got, want, n)) {
-					size_t k = 0;
-					while (got[k] == (unsigned char)want[k])
-						k++;
-					/* a file written to since it was opened differs
-					 * for that reason: not a mismatch of the load */
-					what_changed(&was[fi], fd, changed, sizeof changed);
-					if (changed[0]) {
-						cli_error("verify",
-							  "%s: file changed during the comparison "
-							  "(%s): tensor \"%s\" differs at byte %" PRIu64
-							  " of the tensor, but that says nothing of "
-							  "the load",
-							  fst_file_path(f), changed, info.name, off + k);
-						rc = EXIT_CHANGED;
-						break;
-					}
-					cli_error("verify",
-						  "%s: tensor \"%s\" differs at byte %" PRIu64
-						  " of the tensor (file offset %" PRIu64
-						  "): loaded 0x%02x, file 0x%02x",
-						  fst_file_path(f), info.name, off + k,
-						  info.file_offset + off + k, got[k],
-						  (unsigned char)want[k]);
-					rc = EXIT_MISMATCH;
-					break;
-				}
-				off += n;
-				checked += n;
-			}
-			fst_view_release(&v);
-			ntensors++;
-		}
-		close(fd);
-	}
+	for (size_t fi = 0; fi < fst_checkpoint_file_count(ck) && rc == EXIT_OK; fi++)
+		rc = compare_file(&c, fst_checkpoint_file(ck, fi), &was[fi]);
 	if (rc == EXIT_OK) {
 		char hb[32];
 		printf("verified %s: %zu tensors, %s byte-identical to the files (load %.3f s, "
 		       "%s)\n",
-		       path, ntensors, cli_human_bytes(hb, sizeof hb, checked), t1 - t0,
+		       a.path, c.ntensors, cli_human_bytes(hb, sizeof hb, c.checked), t1 - t0,
 		       fst_buffer_describe(buf));
 	}
-	if (rc == EXIT_OK && hash)
-		rc = print_hashes(ck, buf, manifest);
-out:
+	if (rc == EXIT_OK && a.hash)
+		rc = print_hashes(ck, buf, a.manifest);
 	free(was);
-	free(want);
-	free(got);
+	free(c.want);
+	free(c.got);
 	fst_buffer_release(buf);
 	fst_checkpoint_close(ck);
 	return rc;
