@@ -260,10 +260,10 @@ static void describe(struct fsti_engine *e)
 	else
 		snprintf(chunk, sizeof chunk, "%" PRIu64 " MiB", e->opts.chunk_bytes >> 20);
 	snprintf(e->describe, sizeof e->describe, "%s%s%s, %u thread%s, %s chunks: %s%s%s",
-		 e->gds_files ? "cuFile where registered, else " : "", e->reader->name,
+		 fsti_gds_direct_count(e->gds) ? "cuFile where registered, else " : "", e->reader->name,
 		 e->sink ? e->sink->how : "",
 		 e->nthreads, e->nthreads == 1 ? "" : "s", chunk, e->why,
-		 e->gds_why[0] ? "; " : "", e->gds_why);
+		 fsti_gds_why(e->gds)[0] ? "; " : "", fsti_gds_why(e->gds));
 }
 
 /* Public calls leave the caller's thread on the CUDA context it had. */
@@ -334,9 +334,9 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 			.ck = ck, .filter = e->opts.filter, .filter_ctx = e->opts.filter_ctx,
 			.align = e->opts.align, .chunk_bytes = e->opts.chunk_bytes,
 		};
-		if (e->gds_files) {
+		if (fsti_gds_direct_count(e->gds)) {
 			r.mode = FSTI_PLAN_PER_FILE;
-			r.direct_files = e->gds_direct;
+			r.direct_files = fsti_gds_direct_files(e->gds);
 		} else {
 			r.mode = direct || e->opts.io == FST_IO_MMAP ? FSTI_PLAN_DIRECT
 								     : FSTI_PLAN_SLOTS;

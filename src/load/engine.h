@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 
 struct fsti_engine;
+struct fsti_gds;
 
 /* Read pieces into dst (memory owned by the caller, on opts->device) with
  * the usual readers and sinks, and wait for the end (engine.c). */
@@ -132,28 +133,21 @@ struct fsti_engine {
 	int device_type, device_id;
 	void *saved_ctx; /* the caller's CUDA context, given back on return */
 	bool restore_ctx;
-	/* GPUDirect Storage: the cuFile table and per-file state when used */
-	const void *cufile;
-	struct fsti_gds_file *gds;
-	bool *gds_direct;   /* per file: planned for cuFile reads */
-	size_t gds_files;   /* how many files use cuFile */
-	bool gds_buffer_registered;
-	void *gds_registered_base;
-	char gds_why[700];
+	/* GPUDirect Storage: the load's state, opaque (gds.c); NULL until set up */
+	struct fsti_gds *gds;
 };
 
 /* ---- GPUDirect Storage (gds.c) */
 
-struct fsti_gds_file {
-	int fd;             /* O_DIRECT descriptor given to cuFile */
-	void *handle;       /* cuFile handle, when registered */
-	atomic_bool failed; /* a read failed: the file goes through staging */
-};
-
 /* Decide whether cuFile is used (per opts.gds and the probe) and register
  * each file; under auto a file that cannot be registered is left to the
- * staging path with one warning. Fills e->gds_direct (per file). */
+ * staging path with one warning. Makes e->gds. */
 int fsti_gds_setup(struct fsti_engine *e, fst_error *err);
+/* Files planned for cuFile reads (0 without GDS), which ones (NULL
+ * without), and why, for the load's description ("" without). */
+size_t fsti_gds_direct_count(const struct fsti_gds *g);
+const bool *fsti_gds_direct_files(const struct fsti_gds *g);
+const char *fsti_gds_why(const struct fsti_gds *g);
 /* Register the destination buffer with cuFile (optional for cuFile). */
 int fsti_gds_register_buffer(struct fsti_engine *e, fst_error *err);
 /* Read chunk c with cuFile straight into its tensors. Returns 0 when done,

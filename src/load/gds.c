@@ -21,42 +21,79 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <stdatomic.h>
 #include <unistd.h>
+
+/* A load's GPUDirect Storage state: the cuFile table, each file's
+ * descriptor and handle, which files are planned for cuFile reads, the
+ * registered buffer, and why (for the load's description). */
+struct fsti_gds_file {
+	int fd;             /* O_DIRECT descriptor given to cuFile */
+	void *handle;       /* cuFile handle, when registered */
+	atomic_bool failed; /* a read failed: the file goes through staging */
+};
+
+struct fsti_gds {
+	const struct fsti_cufile *cufile;
+	struct fsti_gds_file *file; /* per file, once cuFile is tried */
+	bool *direct;               /* per file: planned for cuFile reads */
+	size_t ndirect;             /* how many */
+	bool buffer_registered;
+	void *registered_base;
+	char why[700];
+};
 
 static const struct fsti_cufile *table_of(const struct fsti_engine *e)
 {
-	return e->cufile;
+	return e->gds->cufile;
 }
 
 void fsti_gds_teardown(struct fsti_engine *e)
 {
-	const struct fsti_cufile *cf = table_of(e);
-	if (e->gds) {
+	struct fsti_gds *g = e->gds;
+	if (!g)
+		return;
+	const struct fsti_cufile *cf = g->cufile;
+	if (g->file) {
 		for (size_t i = 0; i < fst_checkpoint_file_count(e->ck); i++) {
-			if (e->gds[i].handle)
-				cf->cuFileHandleDeregister(e->gds[i].handle);
-			if (e->gds[i].fd >= 0)
-				close(e->gds[i].fd);
+			if (g->file[i].handle)
+				cf->cuFileHandleDeregister(g->file[i].handle);
+			if (g->file[i].fd >= 0)
+				close(g->file[i].fd);
 		}
 	}
 	/* by the base registered: the buffer itself may have been handed to
 	 * the caller already */
-	if (e->gds_buffer_registered)
-		cf->cuFileBufDeregister(e->gds_registered_base);
-	e->gds_buffer_registered = false;
-	fsti_free(e->gds);
-	fsti_free(e->gds_direct);
+	if (g->buffer_registered)
+		cf->cuFileBufDeregister(g->registered_base);
+	fsti_free(g->file);
+	fsti_free(g->direct);
+	fsti_free(g);
 	e->gds = NULL;
-	e->gds_direct = NULL;
+}
+
+size_t fsti_gds_direct_count(const struct fsti_gds *g)
+{
+	return g ? g->ndirect : 0;
+}
+
+const bool *fsti_gds_direct_files(const struct fsti_gds *g)
+{
+	return g ? g->direct : NULL;
+}
+
+const char *fsti_gds_why(const struct fsti_gds *g)
+{
+	return g ? g->why : "";
 }
 
 /* Whether cuFile is tried, per opts.gds and the probe: *out is the probe
- * when it is, NULL when not (e->gds_why says why). */
+ * when it is, NULL when not (e->gds->why says why). */
 static int gds_decide(struct fsti_engine *e, const struct fsti_gds_probe **out, fst_error *err)
 {
 	*out = NULL;
 	if (e->device_type != FST_DEVICE_CUDA || e->opts.gds == FST_GDS_OFF) {
-		snprintf(e->gds_why, sizeof e->gds_why, "%s",
+		snprintf(e->gds->why, sizeof e->gds->why, "%s",
 			 e->opts.gds == FST_GDS_OFF ? "gds=off" : "");
 		return 0;
 	}
@@ -74,7 +111,7 @@ static int gds_decide(struct fsti_engine *e, const struct fsti_gds_probe **out, 
 		fsti_log(FST_LOG_INFO, "GPUDirect Storage not used on cuda:%d: %s; using pinned "
 				       "staging",
 			 e->device_id, p->reason);
-		snprintf(e->gds_why, sizeof e->gds_why, "GPUDirect Storage not used: %s",
+		snprintf(e->gds->why, sizeof e->gds->why, "GPUDirect Storage not used: %s",
 			 p->reason);
 		return 0;
 	}
@@ -132,7 +169,7 @@ static int gds_register_file(struct fsti_engine *e, size_t i, const struct fsti_
 	int rc = gds_reopen(f, path, on, &fd, err);
 	if (rc || fd < 0)
 		return rc;
-	e->gds[i].fd = fd;
+	e->gds->file[i].fd = fd;
 	fsti_cufile_descr d;
 	memset(&d, 0, sizeof d);
 	d.type = FSTI_CU_FILE_HANDLE_TYPE_OPAQUE_FD;
@@ -155,47 +192,50 @@ static int gds_register_file(struct fsti_engine *e, size_t i, const struct fsti_
 			 path, code, p->reason);
 		return 0;
 	}
-	e->gds[i].handle = h;
-	e->gds_direct[i] = true;
-	e->gds_files++;
+	e->gds->file[i].handle = h;
+	e->gds->direct[i] = true;
+	e->gds->ndirect++;
 	return 0;
 }
 
 int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
 {
+	e->gds = fsti_calloc(1, sizeof *e->gds);
+	if (!e->gds)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
 	const struct fsti_gds_probe *p;
 	int rc = gds_decide(e, &p, err);
 	if (rc || !p)
 		return rc;
 	size_t nf = fst_checkpoint_file_count(e->ck);
-	e->cufile = p->cf;
-	e->gds = fsti_calloc(nf + 1, sizeof *e->gds);
-	e->gds_direct = fsti_calloc(nf + 1, sizeof *e->gds_direct);
-	if (!e->gds || !e->gds_direct)
+	e->gds->cufile = p->cf;
+	e->gds->file = fsti_calloc(nf + 1, sizeof *e->gds->file);
+	e->gds->direct = fsti_calloc(nf + 1, sizeof *e->gds->direct);
+	if (!e->gds->file || !e->gds->direct)
 		return fsti_err(err, FST_ENOMEM, "out of memory");
 	for (size_t i = 0; i < nf; i++) {
-		e->gds[i].fd = -1;
-		atomic_init(&e->gds[i].failed, false);
+		e->gds->file[i].fd = -1;
+		atomic_init(&e->gds->file[i].failed, false);
 	}
 	for (size_t i = 0; i < nf; i++) {
 		rc = gds_register_file(e, i, p, err);
 		if (rc)
 			return rc;
 	}
-	snprintf(e->gds_why, sizeof e->gds_why, "GPUDirect Storage for %zu of %zu files (%s)",
-		 e->gds_files, nf, p->reason);
+	snprintf(e->gds->why, sizeof e->gds->why, "GPUDirect Storage for %zu of %zu files (%s)",
+		 e->gds->ndirect, nf, p->reason);
 	return 0;
 }
 
 int fsti_gds_register_buffer(struct fsti_engine *e, fst_error *err)
 {
-	if (!e->gds_files)
+	if (!fsti_gds_direct_count(e->gds))
 		return 0;
 	const struct fsti_cufile *cf = table_of(e);
 	fsti_cufile_error r = cf->cuFileBufRegister(e->buf->base, (size_t)e->buf->size, 0);
 	if (!r.err) {
-		e->gds_buffer_registered = true;
-		e->gds_registered_base = e->buf->base;
+		e->gds->buffer_registered = true;
+		e->gds->registered_base = e->buf->base;
 		return 0;
 	}
 	char code[64];
@@ -212,19 +252,20 @@ int fsti_gds_register_buffer(struct fsti_engine *e, fst_error *err)
 		 "file through pinned staging instead",
 		 e->device_id, e->buf->size, code);
 	for (size_t i = 0; i < fst_checkpoint_file_count(e->ck); i++)
-		atomic_store(&e->gds[i].failed, true);
+		atomic_store(&e->gds->file[i].failed, true);
 	return 0;
 }
 
 bool fsti_gds_wanted(const struct fsti_engine *e, const struct fsti_chunk *c)
 {
-	return e->gds && e->gds_direct[c->file] && !atomic_load(&e->gds[c->file].failed);
+	return e->gds && e->gds->direct && e->gds->direct[c->file] &&
+	       !atomic_load(&e->gds->file[c->file].failed);
 }
 
 int fsti_gds_read(struct fsti_engine *e, const struct fsti_chunk *c, fst_error *err)
 {
 	const struct fsti_cufile *cf = table_of(e);
-	struct fsti_gds_file *g = &e->gds[c->file];
+	struct fsti_gds_file *g = &e->gds->file[c->file];
 	const char *path = fsti_engine_path(e, c->file);
 	uint64_t done = 0;
 	while (done < c->len) {
