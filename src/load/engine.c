@@ -375,6 +375,29 @@ int fst_load_explain(const fst_checkpoint *ck, const fst_load_opts *opts, char *
 }
 
 /* The load; with pieces, only those, into dst (the caller's memory). */
+/* The reader threads; on a failure to start one, those started are
+ * stopped and joined. */
+static int start_workers(struct fsti_engine *e, fst_error *err)
+{
+	e->threads = fsti_calloc(e->nthreads + 1, sizeof *e->threads);
+	if (!e->threads)
+		return fsti_err(err, FST_ENOMEM, "out of memory for the loader");
+	e->running = e->nthreads;
+	for (unsigned i = 0; i < e->nthreads; i++) {
+		if (pthread_create(&e->threads[i], NULL, worker_main, e)) {
+			int errnum = errno;
+			pthread_mutex_lock(&e->lock);
+			e->running -= e->nthreads - i;
+			pthread_mutex_unlock(&e->lock);
+			atomic_store(&e->stop, 1);
+			join_workers(e);
+			return fsti_err_sys(err, FST_ENOMEM, errnum, "cannot start reader threads");
+		}
+		e->started++;
+	}
+	return 0;
+}
+
 static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 			const struct fsti_plan_tensor *pieces, size_t npieces, void *dst,
 			uint64_t dst_size, fst_loader **out, fst_error *err)
@@ -436,25 +459,9 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 		if (!t->nbytes)
 			fsti_ready_push_locked(e, i);
 	}
-	e->threads = fsti_calloc(e->nthreads + 1, sizeof *e->threads);
-	if (!e->threads) {
-		rc = fsti_err(err, FST_ENOMEM, "out of memory for the loader");
+	rc = start_workers(e, err);
+	if (rc)
 		goto fail;
-	}
-	e->running = e->nthreads;
-	for (unsigned i = 0; i < e->nthreads; i++) {
-		if (pthread_create(&e->threads[i], NULL, worker_main, e)) {
-			int errnum = errno;
-			pthread_mutex_lock(&e->lock);
-			e->running -= e->nthreads - i;
-			pthread_mutex_unlock(&e->lock);
-			atomic_store(&e->stop, 1);
-			join_workers(e);
-			rc = fsti_err_sys(err, FST_ENOMEM, errnum, "cannot start reader threads");
-			goto fail;
-		}
-		e->started++;
-	}
 	give_back_context(e);
 	*out = (fst_loader *)e;
 	return 0;
