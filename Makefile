@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test demo fuzz sanitize tsan clean python test-gpu test-engines
+.PHONY: all deps test demo fuzz sanitize tsan clean python test-gpu test-engines test-aarch64
 
 all: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -24,6 +24,7 @@ test: deps
 	@$(MAKE) --no-print-directory sanitize
 	@$(MAKE) --no-print-directory tsan
 	@$(MAKE) --no-print-directory fuzz FUZZ_TIME=10
+	@$(MAKE) --no-print-directory test-aarch64
 
 # Every test but the Python tiers (labels python, engines: an uninstrumented
 # python3 cannot load instrumented code) built with AddressSanitizer and
@@ -64,8 +65,19 @@ test-gpu: deps
 	@$(MAKE) --no-print-directory all
 	cd $(BUILD) && ctest --output-on-failure -L '^gpu$$'
 
+# libfst, the CLI and the C tests cross-built for aarch64 Linux
+# (cmake/aarch64-linux-gnu.cmake), the unit tests, the module check and the
+# fuzz corpora run under qemu-user; docs/testing.md says what skips there.
+# FST_AARCH64=0 (which also skips installing the cross toolchain) skips it.
+test-aarch64: deps
+	@if [ "$${FST_AARCH64:-1}" = 0 ]; then echo "test-aarch64: skipped (FST_AARCH64=0)"; else \
+	set -ex; \
+	cmake -S . -B $(BUILD)-aarch64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/aarch64-linux-gnu.cmake; \
+	cmake --build $(BUILD)-aarch64 -j $(JOBS); \
+	cd $(BUILD)-aarch64 && ctest --output-on-failure -j $(JOBS) -L '^(unit|fuzz)$$'; fi
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-tsan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-tsan $(BUILD)-aarch64
 
 # The engines tier alone (vLLM's and transformers' own classes; needs the
 # venv scripts/install-deps.sh makes).

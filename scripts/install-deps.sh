@@ -20,6 +20,29 @@ if ((${#missing[@]})); then
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# The aarch64 cross build and its emulated tests (make test-aarch64): Debian's
+# cross compiler, the arm64 builds of the libraries (multiarch, so dpkg first
+# learns the arm64 architecture; they bring libc6:arm64, the loader qemu runs
+# the tests with) and qemu-user. FST_AARCH64=0 skips it.
+AARCH64_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libjansson-dev:arm64
+	liburing-dev:arm64 libcmocka-dev:arm64 libssl-dev:arm64 libxxhash-dev:arm64)
+if [ "${FST_AARCH64:-1}" != 0 ]; then
+	SUDO=""
+	[ "$(id -u)" -eq 0 ] || SUDO=sudo
+	armmissing=()
+	for p in "${AARCH64_PACKAGES[@]}"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+			armmissing+=("$p")
+	done
+	if ((${#armmissing[@]})); then
+		echo "install-deps: installing (aarch64) ${armmissing[*]}"
+		dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
+		$SUDO apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+			"${armmissing[@]}" >/dev/null
+	fi
+fi
+
 PY=${PYTHON:-python3}
 pymissing=()
 for p in "${PY_PACKAGES[@]}"; do

@@ -311,3 +311,8 @@ bool lh_uring_usable(void)
 		fail_msg("the io=uring probe load failed (see above)");
 	return u > 0;
 }
+
+bool lh_io_skipped(int io)
+{
+	return io == FST_IO_URING && !lh_uring_usable();
+}

@@ -231,6 +231,10 @@ const char *lh_io_name(int io);
  * lh_uring_usable fails the test on -1. */
 int lh_uring_probe(void);
 bool lh_uring_usable(void);
+/* True for io=uring where there is no io_uring (a kernel that forbids it, or
+ * qemu-user, which lacks the syscalls): the caller skips that case, as
+ * lh_uring_probe said on stderr. */
+bool lh_io_skipped(int io);
 
 /* Seed of a test run: FST_TEST_SEED when set (to replay a failure), else
  * a fixed one so runs are reproducible. */

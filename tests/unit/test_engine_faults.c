@@ -229,6 +229,9 @@ static void run_cases(const struct site_case *cases, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		for (unsigned threads = 1; threads <= 3; threads += 2) {
+			if (lh_io_skipped(cases[i].io))
+				continue;
+
 			int failures = fault_loop(&cases[i], threads);
 			int want = min_failures(cases[i].min, threads);
 			if (failures < want)
@@ -354,6 +357,9 @@ static void test_persistent(void **state)
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		for (unsigned threads = 1; threads <= 4; threads++) {
+			if (lh_io_skipped(cases[i].io))
+				continue;
+
 			fst_load_opts o;
 			fst_load_opts_init(&o);
 			o.io = cases[i].io;
@@ -505,6 +511,8 @@ static void test_changed_during_load(void **state)
 	(void)state;
 	for (int truncate_it = 0; truncate_it < 2; truncate_it++)
 		for (int io = FST_IO_PREAD; io <= FST_IO_URING; io++) {
+			if (lh_io_skipped(io))
+				continue;
 			lh_ckpt lc;
 			write_single("during", &lc);
 			fst_checkpoint *ck = lh_open(lc.path);
@@ -554,6 +562,8 @@ static void test_replaced_after_open(void **state)
 {
 	(void)state;
 	for (int io = FST_IO_AUTO; io <= FST_IO_MMAP; io++) {
+		if (lh_io_skipped(io))
+			continue;
 		lh_ckpt lc;
 		write_single("replaced", &lc);
 		fst_checkpoint *ck = lh_open(lc.path);

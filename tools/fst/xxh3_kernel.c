@@ -19,6 +19,11 @@
 #ifndef KERNEL
 #error "build with -DKERNEL=generic|avx2|avx512"
 #endif
+/* On aarch64 only the generic kernel is built (CMakeLists.txt), no x86 flag
+ * reaches it, and xxhash's baseline there is NEON: make sure it stays so. */
+#if defined(__aarch64__) && XXH_VECTOR != XXH_NEON
+#error "the aarch64 XXH3 build should use xxhash's NEON code"
+#endif
 #define CAT2(a, b) a##_##b
 #define CAT(a, b) CAT2(a, b)
 #define STR2(a) #a
