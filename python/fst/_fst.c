@@ -170,7 +170,7 @@ static PyObject *mod_trim(PyObject *mod, PyObject *unused)
 static PyMethodDef module_methods[] = {
 	{"load", (PyCFunction)(void (*)(void))fstpy_load, METH_VARARGS | METH_KEYWORDS,
 	 "load(checkpoint, device='cpu', io=0, threads=0, chunk_bytes=0, staging_bytes=0, "
-	 "gds=0, align=0, names=None, allocator=None, mmap_private=False) -> Buffer"},
+	 "gds=0, align=0, names=None, allocator=None, mmap_private=False, unified=0) -> Buffer"},
 	{"start", (PyCFunction)(void (*)(void))fstpy_start, METH_VARARGS | METH_KEYWORDS,
 	 "start(...) -> Loader: the streaming form of load"},
 	{"save", (PyCFunction)fstpy_save, METH_VARARGS,

@@ -45,7 +45,9 @@ def _prepare(where: str, cks: Sequence["Checkpoint"], framework: str, kw: dict) 
                              -1)
     _check_dtypes(framework, cks, names)
     kw = dict(kw)
-    if kw.pop("torch_allocator") and framework == "pt" and kw["device"].startswith("cuda"):
+    # unified="on" maps host memory itself (docs/platforms.md): no allocator
+    if (kw.pop("torch_allocator") and framework == "pt" and kw["device"].startswith("cuda")
+            and kw.get("unified") != 1):
         kw["allocator"] = _torch_allocator(kw["device"])
     return kw
 
@@ -89,12 +91,12 @@ def _open(path) -> Checkpoint:
 
 def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_bytes=0,
          chunk_bytes=0, gds="auto", align=0, names: Optional[Iterable[str]] = None,
-         torch_allocator=True) -> Dict[str, object]:
+         torch_allocator=True, unified="auto") -> Dict[str, object]:
     """Load every tensor (or those in `names`) of a checkpoint: a dict of
     name -> torch tensor or numpy array, zero-copy over one allocation."""
     fw = _framework(framework)
     kw = _load_kwargs(device, fw, io, threads, staging_bytes, chunk_bytes, gds, align, names,
-                      torch_allocator)
+                      torch_allocator, unified=unified)
     if fw == "pt":
         _need_torch()  # before the file: without torch nothing of it can be used
     ck = _open(path)
