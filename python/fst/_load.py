@@ -45,11 +45,25 @@ def _prepare(where: str, cks: Sequence["Checkpoint"], framework: str, kw: dict) 
                              -1)
     _check_dtypes(framework, cks, names)
     kw = dict(kw)
-    # unified="on" maps host memory itself (docs/platforms.md): no allocator
+    # unified memory maps host memory itself (docs/platforms.md): no torch
+    # allocator where the load will take that path
     if (kw.pop("torch_allocator") and framework == "pt" and kw["device"].startswith("cuda")
-            and kw.get("unified") != 1):
+            and not _unified(kw)):
         kw["allocator"] = _torch_allocator(kw["device"])
     return kw
+
+
+def _unified(kw: dict) -> bool:
+    """Whether a CUDA load with kw takes the unified-memory path, so that the
+    torch allocator is left out: unified="on", or "auto" (the options' or
+    FST_UNIFIED's) on an integrated GPU."""
+    u = kw.get("unified", 0)
+    if u == 0:
+        u = {"on": 1, "off": 2}.get(os.environ.get("FST_UNIFIED", ""), 0)
+    if u != 0:
+        return u == 1
+    dev = kw["device"]
+    return _fst.unified_by_default(int(dev[5:]) if dev.startswith("cuda:") else 0)
 
 
 class Checkpoint:

@@ -146,6 +146,10 @@ for io in (0, 1, 2):
 buf = _fst.load(ck, device="cuda:0", unified=2)
 assert "pinned staging" in buf.describe() and "unified=off" in buf.describe(), buf.describe()
 assert dbl.fst_double_live_mapped() == 0
+# the torch allocator is left out exactly where the load is unified
+from fst._load import _unified
+assert _unified({{"device": "cuda:0"}}) and _unified({{"device": "cuda"}})
+assert not _unified({{"device": "cuda:0", "unified": 2}})
 print("ok")
 """, FST_DOUBLE_PLATFORM="integrated")
     assert out.strip() == "ok"
