@@ -417,8 +417,17 @@ int fsti_unified_decide(struct fsti_engine *e, fst_error *err)
 static void release_unified(struct fst_buffer *b)
 {
 	const struct fsti_cuda *cu = b->device_ctx;
-	if (cu && b->mapped_host)
+	if (!cu || !b->mapped_host)
+		return;
+	/* As for device buffers: the last reference may go on any thread. */
+	fst_error err;
+	void *saved = fsti_cuda_save();
+	if (fsti_cuda_use_device(cu, b->device_id, &err) == 0)
 		cu->cuMemFreeHost(b->mapped_host);
+	else
+		fsti_log(FST_LOG_ERROR, "leaking %" PRIu64 " bytes of mapped host memory: %s",
+			 b->size, err.message);
+	fsti_cuda_restore(saved);
 	b->mapped_host = NULL;
 }
 
