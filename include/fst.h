@@ -352,6 +352,15 @@ enum fst_gds {
 	FST_GDS_OFF = 2,  /* never touch cuFile */
 };
 
+/* CUDA targets on unified-memory machines (docs/platforms.md). */
+enum fst_unified {
+	FST_UNIFIED_AUTO = 0, /* one copy into mapped host memory on integrated GPUs
+	                       * (DGX Spark, Jetson); the discrete path elsewhere */
+	FST_UNIFIED_ON = 1,   /* unified memory on integrated or coherent (GH200) GPUs,
+	                       * or fail with the reason */
+	FST_UNIFIED_OFF = 2,  /* always the discrete path: device memory, staged copies */
+};
+
 /* Device kinds; the values are DLPack's (kDLCPU, kDLCUDA). */
 enum fst_device_type {
 	FST_DEVICE_CPU = 1,
@@ -416,6 +425,16 @@ typedef struct fst_load_opts {
 	 * not written are the page cache's, as with shared mappings (since 0.1).
 	 */
 	int mmap_private;
+	/*
+	 * CUDA targets: enum fst_unified, default FST_UNIFIED_AUTO; left at
+	 * auto, FST_UNIFIED=auto|on|off from the environment decides. A unified
+	 * load reads each byte once, straight into host memory mapped for the
+	 * GPU (cuMemHostAlloc with DEVICEMAP), and its views are that memory's
+	 * device addresses; there is no device allocation, staging or copy, and
+	 * no cuFile. It cannot use a caller's allocator: auto then takes the
+	 * discrete path, on fails (since 0.1).
+	 */
+	int unified;
 } fst_load_opts;
 
 /* Fill opts with the defaults (since 0.1). */
@@ -566,6 +585,28 @@ typedef struct fst_gds_report {
 /* Probe GPUDirect Storage for a device (cached per process). The cuFile
  * driver is opened only where /dev/nvidia-fs* exists (since 0.1). */
 FST_API int fst_gds_probe(int device, fst_gds_report *out, fst_error *err);
+
+/* The kind of machine a CUDA device is on, from its attributes
+ * (docs/platforms.md has the rule). */
+enum fst_platform {
+	FST_PLATFORM_DISCRETE = 0,   /* its own memory behind PCIe */
+	FST_PLATFORM_INTEGRATED = 1, /* one memory with the CPU: GB10, Jetson */
+	FST_PLATFORM_COHERENT = 2,   /* own memory plus coherent host access: GH200, GB200 */
+};
+typedef struct fst_platform_report {
+	int platform;                /* enum fst_platform */
+	int integrated;              /* CU_DEVICE_ATTRIBUTE_INTEGRATED */
+	int can_map_host_memory;     /* CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY */
+	int pageable_memory_access;  /* CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS */
+	int uses_host_page_tables;   /* ..._PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES */
+	int host_pointer_registered; /* ..._CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
+	int unified_by_default;      /* unified=auto loads in one copy there */
+	char name[16];               /* "discrete", "integrated", "coherent" */
+	char reason[256];            /* the attributes that decided */
+} fst_platform_report;
+
+/* Classify a CUDA device (since 0.1). */
+FST_API int fst_platform_probe(int device, fst_platform_report *out, fst_error *err);
 
 /* ------------------------------------------------------------ multi-GPU */
 

@@ -9,6 +9,7 @@ from ._errors import ArgumentTypeError, UsageError
 
 _IO = {"auto": 0, "pread": 1, "uring": 2, "mmap": 3}
 _GDS = {"auto": 0, "on": 1, "off": 2}
+_UNIFIED = {"auto": 0, "on": 1, "off": 2}  # enum fst_unified
 _MAX_THREADS = 64  # libfst's limit (MAX_THREADS in its engine)
 _DEVICES = "'cpu', 'cuda', 'cuda:N', an int N or a torch.device"
 
@@ -91,7 +92,7 @@ def _names(names) -> Optional[list]:
 
 
 _LOAD_OPTIONS = ("io", "threads", "staging_bytes", "chunk_bytes", "gds", "align", "names",
-                 "torch_allocator")
+                 "torch_allocator", "unified")
 
 
 def _check_options(where: str, options: dict) -> None:
@@ -110,7 +111,8 @@ def _check_target(device: str, framework: str) -> None:
 
 
 def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk_bytes=0,
-                 gds="auto", align=0, names=None, torch_allocator=True, mmap_private=False):
+                 gds="auto", align=0, names=None, torch_allocator=True, mmap_private=False,
+                 unified="auto"):
     """The low-level load's keyword arguments, every one checked; the
     allocator is added by _prepare, once torch is known to be there."""
     dev = _device(device)
@@ -127,5 +129,7 @@ def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk
         kw["names"] = names
     if mmap_private:
         kw["mmap_private"] = True
+    if unified != "auto":
+        kw["unified"] = _choice("unified", unified, _UNIFIED)
     kw["torch_allocator"] = bool(torch_allocator)
     return kw

@@ -139,6 +139,23 @@ static PyObject *mod_set_errors(PyObject *mod, PyObject *args)
 	Py_RETURN_NONE;
 }
 
+/* unified_by_default(index) -> bool: unified=auto loads in one copy on
+ * that device (an integrated GPU); False where it cannot be told. */
+static PyObject *mod_unified_by_default(PyObject *mod, PyObject *args)
+{
+	(void)mod;
+	int index = 0;
+	if (!PyArg_ParseTuple(args, "i", &index))
+		return NULL;
+	fst_platform_report r;
+	fst_error err;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = fst_platform_probe(index, &r, &err);
+	Py_END_ALLOW_THREADS
+	return PyBool_FromLong(!rc && r.unified_by_default);
+}
+
 static PyObject *mod_fault_set(PyObject *mod, PyObject *args)
 {
 	(void)mod;
@@ -170,7 +187,7 @@ static PyObject *mod_trim(PyObject *mod, PyObject *unused)
 static PyMethodDef module_methods[] = {
 	{"load", (PyCFunction)(void (*)(void))fstpy_load, METH_VARARGS | METH_KEYWORDS,
 	 "load(checkpoint, device='cpu', io=0, threads=0, chunk_bytes=0, staging_bytes=0, "
-	 "gds=0, align=0, names=None, allocator=None, mmap_private=False) -> Buffer"},
+	 "gds=0, align=0, names=None, allocator=None, mmap_private=False, unified=0) -> Buffer"},
 	{"start", (PyCFunction)(void (*)(void))fstpy_start, METH_VARARGS | METH_KEYWORDS,
 	 "start(...) -> Loader: the streaming form of load"},
 	{"save", (PyCFunction)fstpy_save, METH_VARARGS,
@@ -183,6 +200,8 @@ static PyMethodDef module_methods[] = {
 	 METH_VARARGS | METH_KEYWORDS,
 	 "load_sharded(checkpoint, comm, dims, io=0, threads=0, staging_bytes=0) -> Buffer"},
 	{"version", (PyCFunction)mod_version, METH_NOARGS, "libfst version"},
+	{"unified_by_default", (PyCFunction)mod_unified_by_default, METH_VARARGS,
+	 "unified_by_default(index) -> bool: unified=auto loads in one copy there"},
 	{"fault_set", (PyCFunction)mod_fault_set, METH_VARARGS,
 	 "arm fault injection for tests: fault_set('read:1') (see fst_fault_set)"},
 	{"trim", (PyCFunction)mod_trim, METH_NOARGS, "free pinned staging kept between loads"},

@@ -45,9 +45,25 @@ def _prepare(where: str, cks: Sequence["Checkpoint"], framework: str, kw: dict) 
                              -1)
     _check_dtypes(framework, cks, names)
     kw = dict(kw)
-    if kw.pop("torch_allocator") and framework == "pt" and kw["device"].startswith("cuda"):
+    # unified memory maps host memory itself (docs/platforms.md): no torch
+    # allocator where the load will take that path
+    if (kw.pop("torch_allocator") and framework == "pt" and kw["device"].startswith("cuda")
+            and not _unified(kw)):
         kw["allocator"] = _torch_allocator(kw["device"])
     return kw
+
+
+def _unified(kw: dict) -> bool:
+    """Whether a CUDA load with kw takes the unified-memory path, so that the
+    torch allocator is left out: unified="on", or "auto" (the options' or
+    FST_UNIFIED's) on an integrated GPU."""
+    u = kw.get("unified", 0)
+    if u == 0:
+        u = {"on": 1, "off": 2}.get(os.environ.get("FST_UNIFIED", ""), 0)
+    if u != 0:
+        return u == 1
+    dev = kw["device"]
+    return _fst.unified_by_default(int(dev[5:]) if dev.startswith("cuda:") else 0)
 
 
 class Checkpoint:
@@ -89,12 +105,12 @@ def _open(path) -> Checkpoint:
 
 def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_bytes=0,
          chunk_bytes=0, gds="auto", align=0, names: Optional[Iterable[str]] = None,
-         torch_allocator=True) -> Dict[str, object]:
+         torch_allocator=True, unified="auto") -> Dict[str, object]:
     """Load every tensor (or those in `names`) of a checkpoint: a dict of
     name -> torch tensor or numpy array, zero-copy over one allocation."""
     fw = _framework(framework)
     kw = _load_kwargs(device, fw, io, threads, staging_bytes, chunk_bytes, gds, align, names,
-                      torch_allocator)
+                      torch_allocator, unified=unified)
     if fw == "pt":
         _need_torch()  # before the file: without torch nothing of it can be used
     ck = _open(path)

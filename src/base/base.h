@@ -82,6 +82,7 @@ enum fsti_env {
 	FSTI_ENV_GDS_TRY,         /* FST_GDS_TRY */
 	FSTI_ENV_GDS,             /* FST_GDS */
 	FSTI_ENV_DIST_TIMEOUT_MS, /* FST_DIST_TIMEOUT_MS */
+	FSTI_ENV_UNIFIED,         /* FST_UNIFIED */
 	FSTI_ENV_COUNT
 };
 

@@ -70,6 +70,7 @@ static const struct fsti_dl_sym syms[] = {
 	SYM(cuMemGetInfo_v2),
 	SYM(cuMemHostAlloc),
 	SYM(cuMemFreeHost),
+	SYM(cuMemHostGetDevicePointer_v2),
 	SYM(cuMemcpyHtoDAsync_v2),
 	SYM(cuMemcpyDtoH_v2),
 	SYM(cuStreamCreate),

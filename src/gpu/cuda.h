@@ -21,15 +21,20 @@ typedef unsigned long long CUdeviceptr;
 #define FSTI_CUDA_ERROR_STUB_LIBRARY 34
 #define FSTI_CUDA_ERROR_NOT_READY 600
 #define FSTI_CU_DEVICE_ATTRIBUTE_INTEGRATED 18
+#define FSTI_CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY 19
 #define FSTI_CU_DEVICE_ATTRIBUTE_PCI_BUS_ID 33
 #define FSTI_CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID 34
 #define FSTI_CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID 50
 #define FSTI_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define FSTI_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define FSTI_CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS 88
+#define FSTI_CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM 91
+#define FSTI_CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES 100
 #define FSTI_CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED 116
 #define FSTI_CU_STREAM_NON_BLOCKING 0x1
 #define FSTI_CU_EVENT_DISABLE_TIMING 0x2
 #define FSTI_CU_MEMHOSTALLOC_PORTABLE 0x1
+#define FSTI_CU_MEMHOSTALLOC_DEVICEMAP 0x2
 #define FSTI_CU_MEMORYTYPE_DEVICE 0x2
 
 /* CUDA_MEMCPY2D (the _v2 layout): a strided copy, for tensor-parallel
@@ -72,6 +77,7 @@ struct fsti_cuda {
 	CUresult (*cuMemGetInfo_v2)(size_t *free_bytes, size_t *total);
 	CUresult (*cuMemHostAlloc)(void **p, size_t bytes, unsigned flags);
 	CUresult (*cuMemFreeHost)(void *p);
+	CUresult (*cuMemHostGetDevicePointer_v2)(CUdeviceptr *d, void *p, unsigned flags);
 	CUresult (*cuMemcpyHtoDAsync_v2)(CUdeviceptr dst, const void *src, size_t bytes,
 					 CUstream s);
 	CUresult (*cuMemcpyDtoH_v2)(void *dst, CUdeviceptr src, size_t bytes);
@@ -101,6 +107,36 @@ int fsti_cuda_use_device(const struct fsti_cuda *cu, int device, fst_error *err)
  * (PyTorch takes its current device from it). NULL when no driver is loaded. */
 void *fsti_cuda_save(void);
 void fsti_cuda_restore(void *ctx);
+
+/*
+ * What kind of machine a device is on (platform.c), from its attributes:
+ *  - integrated: INTEGRATED = 1 and CAN_MAP_HOST_MEMORY = 1. The GPU has no
+ *    memory of its own (DGX Spark's GB10, Jetson): host memory mapped for it
+ *    is the same memory a device allocation would be.
+ *  - coherent: not integrated, and PAGEABLE_MEMORY_ACCESS = 1,
+ *    PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES = 1,
+ *    CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM = 1 and CAN_MAP_HOST_MEMORY = 1:
+ *    a cache-coherent CPU-GPU link with address translation through the
+ *    host's page tables (GH200, GB200 over NVLink-C2C). x86 machines with HMM
+ *    report pageable access through software faults, not the host's page
+ *    tables (attribute 100 = 0), and stay discrete.
+ *  - discrete: everything else (PCIe GPUs with their own memory).
+ */
+enum fsti_platform_class {
+	FSTI_PLATFORM_DISCRETE,
+	FSTI_PLATFORM_INTEGRATED,
+	FSTI_PLATFORM_COHERENT,
+};
+struct fsti_platform {
+	int cls; /* enum fsti_platform_class */
+	int integrated, can_map_host, pageable, host_page_tables, host_pointer_registered;
+	char reason[256]; /* the attributes that decided, for logs and fst doctor */
+};
+/* Classify device (its attributes; the driver loaded). */
+int fsti_cuda_platform(const struct fsti_cuda *cu, int device, struct fsti_platform *out,
+		       fst_error *err);
+/* "discrete", "integrated" or "coherent". */
+const char *fsti_platform_name(int cls);
 
 /* "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for messages. */
 const char *fsti_cuda_error(const struct fsti_cuda *cu, CUresult r, char *buf, size_t size);

@@ -199,3 +199,33 @@ int fst_gds_probe(int device, fst_gds_report *out, fst_error *err)
 	snprintf(out->reason, sizeof out->reason, "%s", p->reason);
 	return 0;
 }
+
+int fst_platform_probe(int device, fst_platform_report *out, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!out)
+		return fsti_err(err, FST_EUSAGE, "fst_platform_probe: out is required");
+	memset(out, 0, sizeof *out);
+	const struct fsti_cuda *cu;
+	int rc = fsti_cuda_get(&cu, err);
+	if (rc)
+		return rc;
+	void *saved = fsti_cuda_save();
+	struct fsti_platform p;
+	rc = fsti_cuda_use_device(cu, device, err);
+	if (!rc)
+		rc = fsti_cuda_platform(cu, device, &p, err);
+	fsti_cuda_restore(saved);
+	if (rc)
+		return rc;
+	out->platform = p.cls;
+	out->integrated = p.integrated;
+	out->can_map_host_memory = p.can_map_host;
+	out->pageable_memory_access = p.pageable;
+	out->uses_host_page_tables = p.host_page_tables;
+	out->host_pointer_registered = p.host_pointer_registered;
+	out->unified_by_default = p.cls == FSTI_PLATFORM_INTEGRATED;
+	snprintf(out->name, sizeof out->name, "%s", fsti_platform_name(p.cls));
+	snprintf(out->reason, sizeof out->reason, "%s", p.reason);
+	return 0;
+}

@@ -17,6 +17,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 /*
@@ -364,3 +365,109 @@ const struct fsti_sink fsti_sink_cuda = {
 	.drain = cuda_drain,
 	.worker_fini = cuda_worker_fini,
 };
+
+/* ---- unified memory: one copy into host memory mapped for the GPU */
+
+int fsti_unified_decide(struct fsti_engine *e, fst_error *err)
+{
+	const struct fsti_cuda *cu;
+	int rc = fsti_cuda_get(&cu, err);
+	if (rc)
+		return rc;
+	struct fsti_platform p;
+	rc = fsti_cuda_platform(cu, e->device_id, &p, err);
+	if (rc)
+		return rc;
+	const int policy = e->opts.unified;
+	const bool caller_memory = e->opts.allocator && e->opts.allocator->alloc;
+	const char *cls = fsti_platform_name(p.cls);
+	e->unified = false;
+	if (policy == FST_UNIFIED_OFF) {
+		snprintf(e->platform_why, sizeof e->platform_why,
+			 "discrete path asked for (unified=off) on a %s GPU", cls);
+	} else if (caller_memory) {
+		if (policy == FST_UNIFIED_ON)
+			return fsti_err(err, FST_EUSAGE,
+					"unified=on maps host memory for cuda:%d itself and cannot use "
+					"the caller's allocator (which gives device memory)",
+					e->device_id);
+		snprintf(e->platform_why, sizeof e->platform_why,
+			 "discrete path: the caller's allocator gives the memory (%s GPU)", cls);
+	} else if (p.cls == FSTI_PLATFORM_INTEGRATED ||
+		   (p.cls == FSTI_PLATFORM_COHERENT && policy == FST_UNIFIED_ON)) {
+		e->unified = true;
+		snprintf(e->platform_why, sizeof e->platform_why, "unified memory%s: %s",
+			 policy == FST_UNIFIED_ON ? " (unified=on)" : "", p.reason);
+	} else if (p.cls == FSTI_PLATFORM_COHERENT) {
+		snprintf(e->platform_why, sizeof e->platform_why,
+			 "discrete path on a coherent GPU: tensors stay in the GPU's own memory, "
+			 "unified=on would leave them in host memory (%.200s)",
+			 p.reason);
+	} else if (policy == FST_UNIFIED_ON) {
+		return fsti_err(err, FST_EUNSUPPORTED,
+				"unified=on but %s; unified memory needs an integrated or coherent GPU",
+				p.reason);
+	} else {
+		snprintf(e->platform_why, sizeof e->platform_why, "discrete: %s", p.reason);
+	}
+	fsti_log(FST_LOG_INFO, "cuda:%d: %s", e->device_id, e->platform_why);
+	return 0;
+}
+
+static void release_unified(struct fst_buffer *b)
+{
+	const struct fsti_cuda *cu = b->device_ctx;
+	if (!cu || !b->mapped_host)
+		return;
+	/* As for device buffers: the last reference may go on any thread. */
+	fst_error err;
+	void *saved = fsti_cuda_save();
+	if (fsti_cuda_use_device(cu, b->device_id, &err) == 0)
+		cu->cuMemFreeHost(b->mapped_host);
+	else
+		fsti_log(FST_LOG_ERROR, "leaking %" PRIu64 " bytes of mapped host memory: %s",
+			 b->size, err.message);
+	fsti_cuda_restore(saved);
+	b->mapped_host = NULL;
+}
+
+int fsti_unified_alloc(struct fsti_engine *e, fst_error *err)
+{
+	const struct fsti_cuda *cu;
+	int rc = fsti_cuda_get(&cu, err);
+	if (rc)
+		return rc;
+	struct fst_buffer *b = e->buf;
+	rc = fsti_cuda_use_device(cu, b->device_id, err);
+	if (rc)
+		return rc;
+	uint64_t size = e->plan.dst_size ? e->plan.dst_size : 1;
+	void *host = NULL;
+	CUresult r = fsti_fault("device_alloc")
+			     ? FSTI_CUDA_ERROR_OUT_OF_MEMORY
+			     : cu->cuMemHostAlloc(&host, (size_t)size,
+						  FSTI_CU_MEMHOSTALLOC_DEVICEMAP |
+							  FSTI_CU_MEMHOSTALLOC_PORTABLE);
+	if (r)
+		return fsti_cuda_fail(cu, r, err,
+				      "cuda:%d: cannot map %" PRIu64 " bytes of host memory for %zu "
+				      "tensors",
+				      b->device_id, size, e->plan.nt);
+	b->device_ctx = (void *)cu;
+	b->mapped_host = host;
+	b->size = size;
+	b->release_memory = release_unified;
+	CUdeviceptr d = 0;
+	r = cu->cuMemHostGetDevicePointer_v2(&d, host, 0);
+	if (r)
+		return fsti_cuda_fail(cu, r, err, "cuda:%d: no device address for mapped host memory",
+				      b->device_id);
+	b->base = (void *)(uintptr_t)d;
+	e->write_base = host;
+	if (d % e->opts.align || (uintptr_t)host % e->opts.align)
+		return fsti_err(err, FST_EUNSUPPORTED,
+				"cuda:%d: mapped host memory is aligned to less than %u bytes; pass "
+				"unified=off for larger alignments",
+				b->device_id, e->opts.align);
+	return 0;
+}

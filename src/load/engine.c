@@ -44,7 +44,7 @@ static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 		if (i >= e->plan.nc)
 			return 0;
 		const struct fsti_chunk *c = &e->plan.c[i];
-		char *dst = (char *)e->buf->base + c->dst_off;
+		char *dst = e->write_base + c->dst_off;
 		int rc = 0;
 		if (!e->opts.on_landed) {
 			rc = e->reader->read_exact(&e->src, rstate, c->file, c->file_off, c->len, dst, err);
@@ -259,10 +259,14 @@ static void describe(struct fsti_engine *e)
 		snprintf(chunk, sizeof chunk, "%" PRIu64 " KiB", e->opts.chunk_bytes >> 10);
 	else
 		snprintf(chunk, sizeof chunk, "%" PRIu64 " MiB", e->opts.chunk_bytes >> 20);
-	snprintf(e->describe, sizeof e->describe, "%s%s%s, %u thread%s, %s chunks: %s%s%s",
+	const char *how = e->sink ? e->sink->how : "";
+	if (e->unified)
+		how = e->sink ? " to landing slots, copied once into host memory mapped for the GPU"
+			      : " straight into host memory mapped for the GPU, no copy";
+	snprintf(e->describe, sizeof e->describe, "%s%s%s, %u thread%s, %s chunks: %s%s%s%s%s",
 		 fsti_gds_direct_count(e->gds) ? "cuFile where registered, else " : "", e->reader->name,
-		 e->sink ? e->sink->how : "",
-		 e->nthreads, e->nthreads == 1 ? "" : "s", chunk, e->why,
+		 how, e->nthreads, e->nthreads == 1 ? "" : "s", chunk, e->why,
+		 e->platform_why[0] ? "; " : "", e->platform_why,
 		 fsti_gds_why(e->gds)[0] ? "; " : "", fsti_gds_why(e->gds));
 }
 
@@ -301,6 +305,9 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 			e->restore_ctx = true;
 			rc = fsti_cuda_use_device(cu, e->device_id, err);
 		}
+		/* Loads into given memory (pieces) are always discrete. */
+		if (!rc && !pieces)
+			rc = fsti_unified_decide(e, err);
 	}
 	if (!rc)
 		rc = choose_io(e, e->device_type, err);
@@ -308,9 +315,10 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		rc = check_files_unchanged(ck, "since it was opened", err);
 	/* pread into host memory needs nothing in between; everything else
 	 * lands in per-worker slots first. */
-	bool direct = e->device_type == FST_DEVICE_CPU && e->reader && e->reader->exact_reads;
+	bool host_dst = e->device_type == FST_DEVICE_CPU || e->unified;
+	bool direct = host_dst && e->reader && e->reader->exact_reads;
 	if (!rc && !direct && e->opts.io != FST_IO_MMAP) {
-		e->sink = e->device_type == FST_DEVICE_CUDA ? &fsti_sink_cuda : &fsti_sink_host;
+		e->sink = host_dst ? &fsti_sink_host : &fsti_sink_cuda;
 		/* Landing slots of every thread fit the staging budget, by
 		 * default the reader's own (io.h). */
 		if (!e->opts.staging_bytes)
@@ -444,10 +452,14 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 		return 0; /* mmap: no device, no context */
 	}
 
-	if (e->sink && e->sink->load_init)
+	if (e->unified)
+		rc = fsti_unified_alloc(e, err);
+	else if (e->sink && e->sink->load_init)
 		rc = e->sink->load_init(e, err);
 	else if (!e->buf->base)
 		rc = fsti_alloc_host(e, err);
+	if (!rc && !e->unified)
+		e->write_base = e->buf->base;
 	if (!rc)
 		rc = fsti_gds_register_buffer(e, err);
 	if (rc)

@@ -42,6 +42,7 @@ struct fst_buffer {
 	fst_allocator allocator; /* when the caller's allocator made base */
 	uint64_t map_len;        /* host_mem mapping length */
 	void *device_ctx;        /* the CUDA end's state for device buffers */
+	void *mapped_host;       /* unified memory: the host address of base (cuMemHostAlloc) */
 	void **maps;             /* mmap buffers: one mapping per file */
 	uint64_t *map_lens;
 	size_t nmaps;
@@ -135,6 +136,12 @@ struct fsti_engine {
 	bool restore_ctx;
 	/* GPUDirect Storage: the load's state, opaque (gds.c); NULL until set up */
 	struct fsti_gds *gds;
+	/* unified memory (cuda_sink.c): readers write host memory mapped for the
+	 * GPU, the tensors are its device addresses; write_base is where the
+	 * readers and the host sink write (buf->base everywhere else) */
+	bool unified;
+	char *write_base;
+	char platform_why[400];
 };
 
 /* ---- GPUDirect Storage (gds.c) */
@@ -155,6 +162,17 @@ int fsti_gds_register_buffer(struct fsti_engine *e, fst_error *err);
 int fsti_gds_read(struct fsti_engine *e, const struct fsti_chunk *c, fst_error *err);
 bool fsti_gds_wanted(const struct fsti_engine *e, const struct fsti_chunk *c);
 void fsti_gds_teardown(struct fsti_engine *e);
+
+/* ---- unified memory (cuda_sink.c) */
+
+/* For a CUDA load (the device current): the platform's class and
+ * opts.unified decide whether the load reads straight into mapped host
+ * memory (e->unified) or takes the discrete path; e->platform_why says
+ * which and why. */
+int fsti_unified_decide(struct fsti_engine *e, fst_error *err);
+/* The destination of a unified load: cuMemHostAlloc(DEVICEMAP | PORTABLE),
+ * base its device address, freed with cuMemFreeHost. */
+int fsti_unified_alloc(struct fsti_engine *e, fst_error *err);
 
 /* ---- the engine's parts (options.c, readiness.c, host_sink.c, views.c) */
 

@@ -97,6 +97,18 @@ static int gds_decide(struct fsti_engine *e, const struct fsti_gds_probe **out, 
 			 e->opts.gds == FST_GDS_OFF ? "gds=off" : "");
 		return 0;
 	}
+	if (e->unified) {
+		/* One copy into mapped host memory: cuFile has nothing to do, and
+		 * is never opened (docs/platforms.md). */
+		if (e->opts.gds == FST_GDS_ON)
+			return fsti_err(err, FST_EUNSUPPORTED,
+					"gds=on but cuda:%d loads through unified memory (reads into "
+					"mapped host memory); pass unified=off for the discrete path",
+					e->device_id);
+		snprintf(e->gds->why, sizeof e->gds->why,
+			 "GPUDirect Storage not used: unified memory needs no device transfer");
+		return 0;
+	}
 	const struct fsti_cuda *cu;
 	int rc = fsti_cuda_get(&cu, err);
 	if (rc)

@@ -75,11 +75,11 @@ static int host_deliver(struct fsti_engine *e, void *state, int s, const struct 
 	(void)s;
 	if (e->opts.on_landed) {
 		int rc = fsti_report_landed(e, c, c->file_off, c->file_off + c->len, where,
-					    e->buf->base, err);
+					    e->write_base, err);
 		if (rc)
 			return rc;
 	} else {
-		struct scatter sc = {e->buf->base, where};
+		struct scatter sc = {e->write_base, where};
 		fsti_chunk_pieces(&e->plan, c, scatter_piece, &sc);
 	}
 	fsti_chunk_done(e, c);

@@ -81,6 +81,18 @@ int fsti_load_opts_check(const fst_load_opts *in, fst_load_opts *o, fst_error *e
 			return fsti_err(err, FST_EUSAGE, "FST_GDS=\"%s\": expected auto, on or off",
 					env);
 	}
+	if (o->unified < FST_UNIFIED_AUTO || o->unified > FST_UNIFIED_OFF)
+		return fsti_err(err, FST_EUSAGE, "unknown unified policy %d", o->unified);
+	env = fsti_env(FSTI_ENV_UNIFIED);
+	if (o->unified == FST_UNIFIED_AUTO && env) {
+		if (!strcmp(env, "on"))
+			o->unified = FST_UNIFIED_ON;
+		else if (!strcmp(env, "off"))
+			o->unified = FST_UNIFIED_OFF;
+		else if (strcmp(env, "auto"))
+			return fsti_err(err, FST_EUSAGE,
+					"FST_UNIFIED=\"%s\": expected auto, on or off", env);
+	}
 	if (!o->align)
 		o->align = DEFAULT_ALIGN;
 	if (o->align & (o->align - 1))

@@ -17,8 +17,23 @@
  * device, default 16 GiB), FST_DOUBLE_DELAY_US (max delay per operation,
  * default 200), FST_DOUBLE_RDMA (GPU_DIRECT_RDMA_SUPPORTED, default 1),
  * FST_DOUBLE_INTEGRATED (default 0).
+ *
+ * FST_DOUBLE_PLATFORM picks the attributes of a kind of machine
+ * (docs/platforms.md): discrete (default; an H200 on x86-64), integrated
+ * (GB10-like: one memory, RDMA 0), jetson (integrated, no pageable access),
+ * coherent (GH200-like: pageable access through the host's page tables) or
+ * hmm (x86-64 with HMM: pageable access, not through the host's page
+ * tables). FST_DOUBLE_INTEGRATED and FST_DOUBLE_RDMA, when set, override it.
+ * cuMemHostAlloc with DEVICEMAP maps the block twice (one memfd): the host
+ * address, and a different "device" address of the same bytes that
+ * cuMemHostGetDevicePointer returns, so code that hands out the host
+ * address where the device one is due reads the right bytes but fails the
+ * pointer checks. cuMemFreeHost unmaps both.
  */
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -26,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define API __attribute__((visibility("default")))
@@ -42,12 +58,13 @@ struct alloc {
 	char *p;
 	size_t n;
 	int device;
+	char *host; /* mapped host memory: p is its device alias */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct alloc allocs[MAX_ALLOCS];
 static size_t used[64];
-static atomic_long live_device, live_host;
+static atomic_long live_device, live_host, live_mapped;
 static int initialized;
 static __thread int current = -1;
 
@@ -206,12 +223,42 @@ API CUresult cuDeviceTotalMem_v2(size_t *bytes, int d)
 	return OK;
 }
 
+/* The attributes of the platform FST_DOUBLE_PLATFORM names. */
+struct platform {
+	const char *name;
+	int integrated, can_map, pageable, host_page_tables, host_pointer, rdma;
+};
+static const struct platform platforms[] = {
+	{"discrete", 0, 1, 0, 0, 1, 1},
+	{"integrated", 1, 1, 1, 1, 1, 0},
+	{"jetson", 1, 1, 0, 0, 1, 0},
+	{"coherent", 0, 1, 1, 1, 1, 1},
+	{"hmm", 0, 1, 1, 0, 1, 1},
+};
+
+static const struct platform *platform(void)
+{
+	const char *v = getenv("FST_DOUBLE_PLATFORM");
+	for (size_t i = 0; v && i < sizeof platforms / sizeof platforms[0]; i++)
+		if (!strcmp(v, platforms[i].name))
+			return &platforms[i];
+	if (v && *v) {
+		fprintf(stderr, "cuda double: unknown FST_DOUBLE_PLATFORM=%s\n", v);
+		abort();
+	}
+	return &platforms[0];
+}
+
 API CUresult cuDeviceGetAttribute(int *v, int attr, int d)
 {
-	(void)d;
+	const struct platform *pl = platform();
 	switch (attr) {
-	case 18: *v = (int)env_long("FST_DOUBLE_INTEGRATED", 0); break;
-	case 116: *v = (int)env_long("FST_DOUBLE_RDMA", 1); break;
+	case 18: *v = (int)env_long("FST_DOUBLE_INTEGRATED", pl->integrated); break;
+	case 19: *v = pl->can_map; break;
+	case 88: *v = pl->pageable; break;
+	case 91: *v = pl->host_pointer; break;
+	case 100: *v = pl->host_page_tables; break;
+	case 116: *v = (int)env_long("FST_DOUBLE_RDMA", pl->rdma); break;
 	case 75: *v = 9; break;
 	case 33: *v = 0x3b + d; break;
 	default: *v = 0;
@@ -267,7 +314,7 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
 		free(m);
 		return OUT_OF_MEMORY;
 	}
-	allocs[i] = (struct alloc){m, n, current};
+	allocs[i] = (struct alloc){m, n, current, NULL};
 	used[current] += n;
 	pthread_mutex_unlock(&lock);
 	atomic_fetch_add(&live_device, 1);
@@ -279,7 +326,7 @@ API CUresult cuMemFree_v2(CUdeviceptr p)
 {
 	pthread_mutex_lock(&lock);
 	for (size_t i = 0; i < MAX_ALLOCS; i++)
-		if (allocs[i].p == (char *)(uintptr_t)p) {
+		if (allocs[i].p == (char *)(uintptr_t)p && !allocs[i].host) {
 			used[allocs[i].device] -= allocs[i].n;
 			free(allocs[i].p);
 			allocs[i].p = NULL;
@@ -317,17 +364,89 @@ API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 	return OK;
 }
 
+#define DEVICEMAP 0x2
+
+/* DEVICEMAP: one memfd mapped twice, host and device addresses apart. */
+static CUresult map_host(void **p, size_t n)
+{
+	if (current < 0)
+		return INVALID_VALUE;
+	size_t len = n ? n : 1;
+	int fd = memfd_create("cuda-double-mapped", MFD_CLOEXEC);
+	if (fd < 0)
+		return OUT_OF_MEMORY;
+	if (ftruncate(fd, (off_t)len)) {
+		close(fd);
+		return OUT_OF_MEMORY;
+	}
+	char *host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	char *dev = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (host == MAP_FAILED || dev == MAP_FAILED) {
+		if (host != MAP_FAILED)
+			munmap(host, len);
+		if (dev != MAP_FAILED)
+			munmap(dev, len);
+		return OUT_OF_MEMORY;
+	}
+	memset(host, POISON, len);
+	pthread_mutex_lock(&lock);
+	size_t i = 0;
+	while (i < MAX_ALLOCS && allocs[i].p)
+		i++;
+	if (i == MAX_ALLOCS) {
+		pthread_mutex_unlock(&lock);
+		munmap(host, len);
+		munmap(dev, len);
+		return OUT_OF_MEMORY;
+	}
+	allocs[i] = (struct alloc){dev, len, current, host};
+	pthread_mutex_unlock(&lock);
+	atomic_fetch_add(&live_mapped, 1);
+	*p = host;
+	return OK;
+}
+
 API CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags)
 {
-	(void)flags;
+	if (flags & DEVICEMAP)
+		return map_host(p, n);
 	if (posix_memalign(p, 4096, n ? n : 1))
 		return OUT_OF_MEMORY;
 	atomic_fetch_add(&live_host, 1);
 	return OK;
 }
 
+API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags)
+{
+	if (flags)
+		return INVALID_VALUE;
+	char *h = p;
+	pthread_mutex_lock(&lock);
+	for (size_t i = 0; i < MAX_ALLOCS; i++)
+		if (allocs[i].p && allocs[i].host && h >= allocs[i].host &&
+		    h < allocs[i].host + allocs[i].n) {
+			*d = (CUdeviceptr)(uintptr_t)(allocs[i].p + (h - allocs[i].host));
+			pthread_mutex_unlock(&lock);
+			return OK;
+		}
+	pthread_mutex_unlock(&lock);
+	return INVALID_VALUE; /* not mapped with DEVICEMAP */
+}
+
 API CUresult cuMemFreeHost(void *p)
 {
+	pthread_mutex_lock(&lock);
+	for (size_t i = 0; i < MAX_ALLOCS; i++)
+		if (allocs[i].p && allocs[i].host == (char *)p) {
+			munmap(allocs[i].host, allocs[i].n);
+			munmap(allocs[i].p, allocs[i].n);
+			allocs[i] = (struct alloc){0};
+			pthread_mutex_unlock(&lock);
+			atomic_fetch_sub(&live_mapped, 1);
+			return OK;
+		}
+	pthread_mutex_unlock(&lock);
 	free(p);
 	atomic_fetch_sub(&live_host, 1);
 	return OK;
@@ -474,3 +593,16 @@ API CUresult cuEventDestroy_v2(void *ev)
 /* For tests: live device allocations and pinned blocks. */
 API long fst_double_live_device(void) { return atomic_load(&live_device); }
 API long fst_double_live_host(void) { return atomic_load(&live_host); }
+/* Live DEVICEMAP blocks (unified-memory destinations). */
+API long fst_double_live_mapped(void) { return atomic_load(&live_mapped); }
+/* Whether p is a device address of a DEVICEMAP block (not its host address). */
+API int fst_double_is_mapped_device(const void *p)
+{
+	const char *a = p;
+	int found = 0;
+	pthread_mutex_lock(&lock);
+	for (size_t i = 0; i < MAX_ALLOCS && !found; i++)
+		found = allocs[i].p && allocs[i].host && a >= allocs[i].p && a < allocs[i].p + allocs[i].n;
+	pthread_mutex_unlock(&lock);
+	return found;
+}

@@ -380,3 +380,45 @@ def test_fst_gds_environment(gen_dir, cuda_double):
     r = fsttest.fst("load", ck, "--device", "cuda:0", "--gds", "off", "--no-progress",
                     env=dict(base, FST_GDS="on"))
     assert r.returncode == 0, r.stderr
+
+
+def test_unified_cli_and_doctor(gen_dir, cuda_double):
+    """The double as each platform: fst doctor names the class and the path a
+    load takes there; fst load --unified and FST_UNIFIED pick the path (the
+    load's description says which), --unified on fails on a discrete GPU;
+    and without a GPU doctor states each capability with its reason."""
+    ck = gen_dir(shards=2, seed=5, size="1MiB", tag="-unified")
+    base = {"FST_CUDA_LIBRARY": cuda_double, "FST_CUFILE_LIBRARY": "/nonexistent/libcufile.so.0",
+            "FST_DOUBLE_DEVICES": "1"}
+    for plat, cls, path in (("discrete", "discrete", "discrete path"),
+                            ("integrated", "integrated", "unified memory"),
+                            ("coherent", "coherent", "discrete path into the GPU's own memory")):
+        env = dict(base, FST_DOUBLE_PLATFORM=plat)
+        r = fsttest.fst("doctor", "--no-copy-test", "--json", env=env)
+        assert r.returncode == 0, r.stderr
+        dev = json.loads(r.stdout)["cuda"]["devices"][0]
+        assert dev["platform"] == cls and dev["load_path"].startswith(path), dev
+        r = fsttest.fst("doctor", ck, "--no-copy-test", env=env)
+        assert r.returncode == 0 and f"platform: {cls}" in r.stdout, r.stdout
+    env = dict(base, FST_DOUBLE_PLATFORM="integrated")
+    r = fsttest.fst("doctor", ck, "--no-copy-test", "--json", env=env)
+    assert "straight into host memory mapped for the GPU" in json.loads(r.stdout)["load"]["plan"]
+    r = fsttest.fst("doctor", ck, "--no-copy-test", "--json", env=dict(env, FST_UNIFIED="off"))
+    assert "unified=off" in json.loads(r.stdout)["load"]["plan"]
+    for flag in ("auto", "off", "on"):
+        r = fsttest.fst("load", ck, "--device", "cuda:0", "--unified", flag, "--no-progress",
+                        env=env)
+        assert r.returncode == 0, r.stderr
+    r = fsttest.fst("load", ck, "--device", "cuda:0", "--unified", "on", "--no-progress",
+                    env=dict(base, FST_DOUBLE_PLATFORM="discrete"))
+    assert r.returncode == 7 and "unified=on" in r.stderr, r.stderr
+    r = fsttest.fst("load", ck, "--device", "cuda:0", "--unified", "maybe", "--no-progress",
+                    env=env)
+    assert r.returncode == 1 and "--unified" in r.stderr
+    # no GPU: every capability, with its reason
+    r = fsttest.fst("doctor", "--json", env={"FST_CUDA_LIBRARY": "/nonexistent/libcuda.so.1"})
+    assert r.returncode == 0, r.stderr
+    host = json.loads(r.stdout)["host"]
+    for cap in ("io_uring", "O_DIRECT", "huge pages", "CUDA", "GPUDirect Storage"):
+        assert cap in host and host[cap]["reason"], (cap, host)
+    assert host["CUDA"]["available"] is False and host["GPUDirect Storage"]["available"] is False

@@ -115,6 +115,45 @@ print("ok")
     assert out.strip() == "ok"
 
 
+
+def test_unified_memory_to_cuda(run_python, cuda_double, files, tmp_path):
+    """On an integrated GPU (the double as a GB10) a load is one copy into
+    mapped host memory: CUDA tensors (DLPack device 2) at device addresses,
+    bytes equal to the file, and the mapped block unmapped when the last
+    tensor goes; unified=2 (off) takes the discrete path."""
+    single, sharded = files
+    out = run_cuda(run_python, cuda_double, PRELUDE + f"""
+import ctypes
+dbl = ctypes.CDLL({cuda_double!r})
+want = json.load(open({want_file(tmp_path, sharded)!r}))
+ck = _fst.Checkpoint({sharded!r})
+for io in (0, 1, 2):
+    buf = _fst.load(ck, device="cuda:0", io=io)
+    assert "unified memory" in buf.describe(), buf.describe()
+    assert dbl.fst_double_live_mapped() == 1
+    ts = {{n: buf.tensor(n) for n in buf.names()}}
+    del buf
+    gc.collect()
+    for name, t in ts.items():
+        assert t.device == "cuda:0" and t.__dlpack_device__() == (2, 0)
+        assert t.data_ptr % 256 == 0
+        assert dbl.fst_double_is_mapped_device(ctypes.c_void_p(t.data_ptr)) or t.tobytes() == b""
+        assert t.tobytes().hex() == want[name][2], name
+    assert dbl.fst_double_live_mapped() == 1
+    del ts, t
+    gc.collect()
+    assert dbl.fst_double_live_mapped() == 0
+buf = _fst.load(ck, device="cuda:0", unified=2)
+assert "pinned staging" in buf.describe() and "unified=off" in buf.describe(), buf.describe()
+assert dbl.fst_double_live_mapped() == 0
+# the torch allocator is left out exactly where the load is unified
+from fst._load import _unified
+assert _unified({{"device": "cuda:0"}}) and _unified({{"device": "cuda"}})
+assert not _unified({{"device": "cuda:0", "unified": 2}})
+print("ok")
+""", FST_DOUBLE_PLATFORM="integrated")
+    assert out.strip() == "ok"
+
 def test_numpy_framework_refuses_cuda(run_python, cuda_double, files):
     """framework='numpy' with a GPU target raises the documented UsageError
     before anything is loaded, from every entry point; GPU tensors are not

@@ -68,6 +68,10 @@ _Static_assert(sizeof(CUdevice_attribute) == sizeof(int), "CUdevice_attribute is
 	X(CUDA_ERROR_STUB_LIBRARY)                                                         \
 	X(CUDA_ERROR_NOT_READY)                                                            \
 	X(CU_DEVICE_ATTRIBUTE_INTEGRATED)                                                  \
+	X(CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)                                         \
+	X(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)                                      \
+	X(CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM)                     \
+	X(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES)                \
 	X(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)                                                  \
 	X(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)                                               \
 	X(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)                                               \
@@ -77,6 +81,7 @@ _Static_assert(sizeof(CUdevice_attribute) == sizeof(int), "CUdevice_attribute is
 	X(CU_STREAM_NON_BLOCKING)                                                          \
 	X(CU_EVENT_DISABLE_TIMING)                                                         \
 	X(CU_MEMHOSTALLOC_PORTABLE)                                                         \
+	X(CU_MEMHOSTALLOC_DEVICEMAP)                                                        \
 	X(CU_MEMORYTYPE_DEVICE)
 
 #define CHECK_CONSTANT(name) \
@@ -101,6 +106,7 @@ CONSTANTS(CHECK_CONSTANT)
 	X(cuMemGetInfo_v2)                                                                 \
 	X(cuMemHostAlloc)                                                                  \
 	X(cuMemFreeHost)                                                                   \
+	X(cuMemHostGetDevicePointer_v2)                                                    \
 	X(cuMemcpyHtoDAsync_v2)                                                            \
 	X(cuMemcpyDtoH_v2)                                                                 \
 	X(cuStreamCreate)                                                                  \

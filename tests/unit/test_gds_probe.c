@@ -15,7 +15,8 @@
  * description and fst_load_explain give the reason, and gds=on (load,
  * streaming and explain) fails with FST_EUNSUPPORTED naming the device and
  * the reason (the library, the symbol, the code); nothing is left
- * registered, allocated or open. fst_gds_probe reports the same. */
+ * registered, allocated or open. fst_gds_probe reports the same. Loads
+ * here pass unified=off: the probe serves the discrete path. */
 #include "gds_helpers.h"
 
 static const char *scenario = "devices";
@@ -26,9 +27,19 @@ static lh_ckpt ckc;
 static fst_checkpoint *ck;
 static lh_files fs;
 
+/* The probe's outcomes are those of the discrete path: an integrated GPU
+ * would otherwise load through unified memory and never ask the probe
+ * (tests/unit/test_cuda_unified.c covers that). */
+static fst_load_opts probe_opts(const char *device, int gds, int io, unsigned threads)
+{
+	fst_load_opts o = gh_opts(device, gds, io, threads);
+	o.unified = FST_UNIFIED_OFF;
+	return o;
+}
+
 static void expect_explain(const char *device, int gds, int code, const char *a, const char *b)
 {
-	fst_load_opts o = gh_opts(device, gds, FST_IO_PREAD, 2);
+	fst_load_opts o = probe_opts(device, gds, FST_IO_PREAD, 2);
 	char text[1200] = "";
 	fst_error err;
 	int rc = fst_load_explain(ck, &o, text, sizeof text, &err);
@@ -64,7 +75,7 @@ static void check_not_used(const char *device, const char *why, const char *why2
 	long r0 = gh.reads(), reg0 = gh.handle_registers(), buf0 = gh.buf_registers();
 	for (int stream = 0; stream < 2; stream++) {
 		gh_log_clear();
-		fst_load_opts o = gh_opts(device, FST_GDS_AUTO, FST_IO_PREAD, 2);
+		fst_load_opts o = probe_opts(device, FST_GDS_AUTO, FST_IO_PREAD, 2);
 		char desc[1200] = "";
 		if (stream)
 			gh_stream_ok(ck, &fs, &o);
@@ -92,7 +103,7 @@ static void check_not_used(const char *device, const char *why, const char *why2
 
 	char head[96];
 	snprintf(head, sizeof head, "gds=on but GPUDirect Storage cannot run on %s: ", device);
-	fst_load_opts o = gh_opts(device, FST_GDS_ON, FST_IO_PREAD, 2);
+	fst_load_opts o = probe_opts(device, FST_GDS_ON, FST_IO_PREAD, 2);
 	gh_load_fails(ck, &o, FST_EUNSUPPORTED, 0, head, why);
 	if (why2)
 		gh_load_fails(ck, &o, FST_EUNSUPPORTED, 0, head, why2);
@@ -112,7 +123,7 @@ static void check_used(const char *device, const char *why)
 	for (int gds = FST_GDS_AUTO; gds <= FST_GDS_ON; gds++) {
 		long r0 = gh.reads();
 		gh_log_clear();
-		fst_load_opts o = gh_opts(device, gds, FST_IO_PREAD, 2);
+		fst_load_opts o = probe_opts(device, gds, FST_IO_PREAD, 2);
 		char desc[1200];
 		gh_load_ok(ck, &fs, &o, desc, sizeof desc);
 		assert_true(gh.reads() > r0);
@@ -186,7 +197,7 @@ static void test_gds_off(void **state)
 	(void)state;
 	gh_base b = gh_snapshot();
 	long r0 = gh.reads(), reg0 = gh.handle_registers(), buf0 = gh.buf_registers();
-	fst_load_opts o = gh_opts("cuda:5", FST_GDS_OFF, FST_IO_PREAD, 2);
+	fst_load_opts o = probe_opts("cuda:5", FST_GDS_OFF, FST_IO_PREAD, 2);
 	char desc[1200];
 	gh_load_ok(ck, &fs, &o, desc, sizeof desc);
 	assert_has(desc, "gds=off");
@@ -230,7 +241,7 @@ static void test_gds_try(void **state)
 	setenv("FST_GDS_TRY", "1", 1);
 	gh_base b = gh_snapshot();
 	long r0 = gh.reads();
-	fst_load_opts o = gh_opts("cuda:2", FST_GDS_AUTO, FST_IO_PREAD, 2);
+	fst_load_opts o = probe_opts("cuda:2", FST_GDS_AUTO, FST_IO_PREAD, 2);
 	char desc[1200];
 	gh_load_ok(ck, &fs, &o, desc, sizeof desc);
 	assert_int_equal(gh.driver_opens(), 1);

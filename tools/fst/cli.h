@@ -54,7 +54,8 @@ void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 	{"chunk", required_argument, NULL, 1004},                     \
 	{"staging", required_argument, NULL, 1005},                   \
 	{"pinned", no_argument, NULL, 1006},                          \
-	{"gds", required_argument, NULL, 1007}
+	{"gds", required_argument, NULL, 1007},                       \
+	{"unified", required_argument, NULL, 1008}
 #define CLI_LOAD_OPTIONS_HELP                                                          \
 	"  --device DEV    cpu (default), cuda or cuda:N\n"                                \
 	"  --io METHOD     auto (default), pread, uring or mmap (cpu only)\n"              \
@@ -62,7 +63,9 @@ void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 	"  --chunk SIZE    bytes per read (default 16MiB)\n"                              \
 	"  --staging SIZE  host staging budget (default 64MiB cached, 256MiB O_DIRECT)\n" \
 	"  --pinned        cpu: page-lock the destination\n"                             \
-	"  --gds POLICY    auto (default), on or off: GPUDirect Storage (docs/gds.md)\n"
+	"  --gds POLICY    auto (default), on or off: GPUDirect Storage (docs/gds.md)\n"  \
+	"  --unified POLICY auto (default), on or off: one copy into mapped host memory\n" \
+	"                  on integrated/coherent GPUs (docs/platforms.md)\n"
 
 /* Apply one of CLI_LOAD_OPTIONS; returns EXIT_OK, EXIT_USAGE (message
  * printed) or -1 when c is not a load option. */

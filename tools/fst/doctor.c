@@ -4,10 +4,16 @@
  */
 #include "cli.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <linux/io_uring.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 static void help(FILE *out)
 {
@@ -16,8 +22,11 @@ static void help(FILE *out)
 		"\n"
 		"Reports the CUDA driver and devices (name, memory, PCIe link, integrated or\n"
 		"not, GPUDirect RDMA attribute), measures pinned host-to-device copies, and,\n"
-		"for PATH, what `fst load --device DEV` would choose and why. Without a GPU\n"
-		"it says so and exits 0.\n"
+		"for PATH, what `fst load --device DEV` would choose and why; for each GPU its\n"
+		"platform class (discrete, integrated, coherent) and the path a load takes\n"
+		"there. Then this host's capabilities (io_uring, O_DIRECT, huge pages; and\n"
+		"without a GPU, CUDA and GPUDirect Storage), each with its reason. Without\n"
+		"a GPU it says so and exits 0.\n"
 		"\n"
 		"  --device DEV    the device PATH would be loaded onto (default: cuda:0 when\n"
 		"                  there is a GPU, else cpu)\n"
@@ -167,12 +176,154 @@ static bool report_device(int i, json_t *devs, bool as_json, bool copy_test, boo
 		snprintf(why, sizeof why, "%s", err.message);
 	if (!as_json)
 		print_device(i, &d, copy_test, gbps, why);
+	fst_platform_report p;
+	bool classified = fst_platform_probe(i, &p, &err) == 0;
+	const char *path = !classified ? "unknown"
+			   : p.unified_by_default
+				   ? "unified memory: one copy into mapped host memory, no staging, no "
+				     "cuFile (--unified off for the discrete path)"
+			   : p.platform == FST_PLATFORM_COHERENT
+				   ? "discrete path into the GPU's own memory (--unified on: one copy "
+				     "into host memory the GPU reads coherently)"
+				   : "discrete path: device memory, pinned staging and copies, or cuFile "
+				     "where GPUDirect Storage is usable";
+	if (!as_json)
+		printf("    platform: %s (%s)\n    a load here: %s\n",
+		       classified ? p.name : "unknown", classified ? p.reason : err.message, path);
 	fst_gds_report g;
 	bool probed = fst_gds_probe(i, &g, &err) == 0;
 	if (probed && !as_json)
 		print_gds(&g);
-	return put_device(devs, i, &d, gbps, probed ? &g : NULL, ok);
+	ok = put_device(devs, i, &d, gbps, probed ? &g : NULL, ok);
+	json_t *dj = ok ? json_array_get(devs, json_array_size(devs) - 1) : NULL;
+	return ok && cli_json_put(dj, "platform", cli_json_text(classified ? p.name : "unknown")) &&
+	       cli_json_put(dj, "platform_reason",
+			    cli_json_text(classified ? p.reason : "attributes not readable")) &&
+	       cli_json_put(dj, "load_path", cli_json_text(path));
 }
+
+/* ---- this host's capabilities, each with its reason */
+
+static void uring_capability(bool *yes, char *why, size_t n)
+{
+	struct io_uring_params p;
+	memset(&p, 0, sizeof p);
+	long fd = syscall(__NR_io_uring_setup, 4, &p);
+	*yes = fd >= 0;
+	if (fd >= 0) {
+		close((int)fd);
+		snprintf(why, n, "io_uring_setup works");
+	} else if (errno == ENOSYS) {
+		snprintf(why, n, "the kernel has no io_uring (ENOSYS); reads use pread");
+	} else if (errno == EPERM) {
+		snprintf(why, n, "io_uring is disabled here (EPERM: kernel.io_uring_disabled or a "
+			 "seccomp profile, common in containers); reads use pread");
+	} else {
+		snprintf(why, n, "io_uring_setup failed: %s; reads use pread", strerror(errno));
+	}
+}
+
+static void direct_capability(const char *dir, bool *yes, char *why, size_t n)
+{
+	char path[4200];
+	snprintf(path, sizeof path, "%s/.fst-doctor-XXXXXX", dir);
+	int fd = mkstemp(path);
+	if (fd < 0) {
+		*yes = false;
+		snprintf(why, n, "cannot create a file in %.400s to try: %s", dir, strerror(errno));
+		return;
+	}
+	close(fd);
+	fd = open(path, O_RDONLY | O_DIRECT);
+	int e = errno;
+	unlink(path);
+	*yes = fd >= 0;
+	if (fd >= 0) {
+		close(fd);
+		snprintf(why, n, "%.400s accepts O_DIRECT", dir);
+	} else {
+		snprintf(why, n, "%.400s refuses O_DIRECT (%s, e.g. tmpfs): io_uring reads are "
+			 "buffered there", dir, strerror(e));
+	}
+}
+
+static void huge_capability(bool *yes, char *why, size_t n)
+{
+	char mode[128] = "";
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+	*yes = false;
+	if (!f) {
+		snprintf(why, n, "no /sys/kernel/mm/transparent_hugepage: 4 KiB pages only");
+		return;
+	}
+	if (!fgets(mode, sizeof mode, f))
+		mode[0] = '\0';
+	fclose(f);
+	mode[strcspn(mode, "\n")] = '\0';
+	*yes = !strstr(mode, "[never]");
+	snprintf(why, n, "transparent huge pages %s (%s)%s", *yes ? "available" : "off", mode,
+		 *yes ? ": host destinations are advised for 2 MiB pages" : "");
+}
+
+/* io_uring, O_DIRECT (in PATH's directory, else the temp directory), huge
+ * pages, and, without a GPU, CUDA and GPUDirect Storage, into out["host"]. */
+static bool report_host(json_t *out, const char *path, bool as_json, int gpus, bool ok)
+{
+	char dir[4096];
+	const char *tmp = getenv("TMPDIR");
+	snprintf(dir, sizeof dir, "%s", tmp && *tmp ? tmp : "/tmp");
+	if (path) {
+		snprintf(dir, sizeof dir, "%s", path);
+		char *slash = strrchr(dir, '/');
+		bool file = strstr(path, ".safetensors") || strstr(path, ".json");
+		if (file && slash)
+			*slash = '\0';
+		else if (file)
+			snprintf(dir, sizeof dir, ".");
+	}
+	struct {
+		const char *name;
+		bool yes;
+		char why[600];
+	} c[5];
+	size_t nc = 0;
+	c[nc].name = "io_uring";
+	uring_capability(&c[nc].yes, c[nc].why, sizeof c[nc].why);
+	nc++;
+	c[nc].name = "O_DIRECT";
+	direct_capability(dir, &c[nc].yes, c[nc].why, sizeof c[nc].why);
+	nc++;
+	c[nc].name = "huge pages";
+	huge_capability(&c[nc].yes, c[nc].why, sizeof c[nc].why);
+	nc++;
+	if (gpus <= 0) {
+		json_t *cu = json_object_get(out, "cuda");
+		json_t *r = cu ? json_object_get(cu, "reason") : NULL;
+		c[nc].name = "CUDA";
+		c[nc].yes = false;
+		snprintf(c[nc].why, sizeof c[nc].why, "%.500s; loads go to the CPU",
+			 json_is_string(r) ? json_string_value(r) : "no CUDA device");
+		nc++;
+		c[nc].name = "GPUDirect Storage";
+		c[nc].yes = false;
+		snprintf(c[nc].why, sizeof c[nc].why, "needs a CUDA GPU with GPUDirect RDMA, and there is none");
+		nc++;
+	}
+	if (!as_json)
+		printf("host:\n");
+	json_t *hj = ok ? json_object() : NULL;
+	ok = ok && cli_json_put(out, "host", hj);
+	for (size_t i = 0; i < nc; i++) {
+		if (!as_json)
+			printf("  %s: %s: %s\n", c[i].name, c[i].yes ? "yes" : "no", c[i].why);
+		json_t *cj = ok ? json_object() : NULL;
+		ok = ok && cli_json_put(hj, c[i].name, cj) &&
+		     cli_json_put(cj, "available", json_boolean(c[i].yes)) &&
+		     cli_json_put(cj, "reason", cli_json_text(c[i].why));
+	}
+	return ok;
+}
+
 
 /* The CUDA driver and every device (*count of them) into out["cuda"]. */
 static bool report_cuda(json_t *out, bool as_json, bool copy_test, int *count, bool ok)
@@ -250,6 +401,7 @@ int cmd_doctor(int argc, char **argv)
 		printf("fst %s\n", fst_version());
 	int count = 0;
 	ok = report_cuda(out, a.as_json, a.copy_test, &count, ok);
+	ok = report_host(out, a.path, a.as_json, count, ok);
 	const char *device = a.device ? a.device : count > 0 ? "cuda:0" : "cpu";
 	rc = a.path ? report_load(out, a.path, device, a.as_json, &ok) : EXIT_OK;
 	if (a.as_json) {

@@ -189,6 +189,15 @@ int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *o)
 			return EXIT_USAGE;
 		}
 		return EXIT_OK;
+	case 1008:
+		if (!strcmp(arg, "auto")) o->unified = FST_UNIFIED_AUTO;
+		else if (!strcmp(arg, "on")) o->unified = FST_UNIFIED_ON;
+		else if (!strcmp(arg, "off")) o->unified = FST_UNIFIED_OFF;
+		else {
+			cli_error(cmd, "--unified \"%s\": expected auto, on or off", arg);
+			return EXIT_USAGE;
+		}
+		return EXIT_OK;
 	default:
 		return -1;
 	}
