@@ -81,10 +81,10 @@ test-engines: deps
 # The binary wheel, into dist/: fst-loader for x86-64 Linux, manylinux_2_28,
 # libfst, the extension and the fst command compiled by zig for glibc 2.28,
 # jansson and liburing from Debian's sources (scripts/build-wheel.sh;
-# docs/design.md, "Distribution"). PYTHON=python3.12 builds it for another
-# Python.
+# docs/design.md, "Distribution"). WHEEL_PYTHON=python3.12 builds it for
+# another Python (the default: python3's version).
 wheel: deps
-	@bash scripts/build-wheel.sh dist
+	@$(if $(WHEEL_PYTHON),PYTHON=$(WHEEL_PYTHON)) bash scripts/build-wheel.sh dist
 
 # The source distribution, into dist/ (it builds with the system's compiler,
 # as `pip install .` does).
