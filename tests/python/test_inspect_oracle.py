@@ -654,8 +654,8 @@ def test_exit_help_version(args, words):
 
 def test_version_format():
     r = fst("--version")
-    parts = r.stdout.split()
-    assert len(parts) == 2 and parts[0] == "fst"
+    parts = r.stdout.split()  # fst VERSION (DISTRIBUTION)
+    assert len(parts) == 3 and parts[0] == "fst" and parts[2] == "(fst-loader)"
     assert all(p.isdigit() for p in parts[1].split(".")) and parts[1].count(".") == 2
 
 

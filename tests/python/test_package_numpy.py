@@ -417,5 +417,5 @@ def test_sharded_subset_spans_shards(fst_pkg, gen_dir):
 
 def test_version(fst_pkg):
     r = __import__("fsttest").fst("--version")
-    assert r.stdout.strip() == f"fst {fst_pkg.__version__}"
+    assert r.stdout.strip() == f"fst {fst_pkg.__version__} (fst-loader)"
     assert sys.modules["fst"].__version__.count(".") == 2

@@ -30,16 +30,34 @@ static const struct cli_xxh3 *chosen;
 static const char *chosen_why;
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 
+#ifdef FST_XXH3_X86
+#include <cpuid.h>
+
+/* Whether the CPU has AVX2 (or AVX-512F) and the OS saves its registers
+ * (XCR0: SSE and YMM state; with AVX-512 also opmask and ZMM), which a
+ * cpuid test alone would miss. Asked of cpuid and xgetbv themselves, not
+ * __builtin_cpu_supports: the compiler runtime of the wheel's toolchain
+ * (zig) answers no to every feature. */
+static bool x86_runs(bool avx512)
+{
+	unsigned a, b, c, d, lo, hi;
+	if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX))
+		return false;
+	__asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+	const unsigned state = avx512 ? 0xe6 : 0x06;
+	if ((lo & state) != state || !__get_cpuid_count(7, 0, &a, &b, &c, &d))
+		return false;
+	return avx512 ? (b & bit_AVX512F) != 0 : (b & bit_AVX2) != 0;
+}
+#endif
+
 static bool kernel_runs(const struct cli_xxh3 *k)
 {
 #ifdef FST_XXH3_X86
-	/* A GCC/Clang builtin; it also checks that the OS saves the wide
-	 * registers, which a cpuid test alone would miss. */
-	__builtin_cpu_init();
 	if (k == &cli_xxh3_avx512)
-		return __builtin_cpu_supports("avx512f");
+		return x86_runs(true);
 	if (k == &cli_xxh3_avx2)
-		return __builtin_cpu_supports("avx2");
+		return x86_runs(false);
 #endif
 	return k == &cli_xxh3_generic;
 }

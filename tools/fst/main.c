@@ -37,7 +37,8 @@ int main(int argc, char **argv)
 		return cli_finish_output("help", EXIT_OK);
 	}
 	if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
-		printf("fst %s\n", fst_version());
+		/* the distribution that ships the command, as pip knows it */
+		printf("fst %s (fst-loader)\n", fst_version());
 		return cli_finish_output("version", EXIT_OK);
 	}
 	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
