@@ -109,9 +109,11 @@ static void test_big_header_linear(void **state)
 	struct image small = make_image(BIG / 2), big = make_image(BIG);
 	assert_true(big.len > 16u * 1000 * 1000);
 	double tb = open_and_check(&big, BIG), ts = open_and_check(&small, BIG / 2);
-	/* One more round only when the first looks bad: a busy machine should
-	 * not fail the test, and a quiet one should not pay for it. */
-	if (tb / ts >= 3.5) {
+	/* More rounds, each size's best kept, only while the ratio looks bad:
+	 * a busy machine (other tests, a sanitizer build beside it) should not
+	 * fail the test, and a quiet one should not pay for it. Quadratic
+	 * parsing stays near 4x however often it is measured. */
+	for (int round = 0; round < 4 && tb / ts >= 3.5; round++) {
 		ts = FSTI_MIN(ts, time_open(&small, 2));
 		tb = FSTI_MIN(tb, time_open(&big, 2));
 	}
