@@ -55,6 +55,24 @@ static unsigned default_threads(void)
 	return n < 1 ? 1 : n > 16 ? 16 : (unsigned)n;
 }
 
+/* A policy the caller left at auto is decided by its environment variable,
+ * so deployments can switch it without code: on, off or auto. FST_GDS and
+ * FST_UNIFIED share the numbering (auto 0, on 1, off 2). */
+static int policy_from_env(int *policy, enum fsti_env var, fst_error *err)
+{
+	const char *env = fsti_env(var);
+	if (*policy != FST_GDS_AUTO || !env)
+		return 0;
+	if (!strcmp(env, "on"))
+		*policy = FST_GDS_ON;
+	else if (!strcmp(env, "off"))
+		*policy = FST_GDS_OFF;
+	else if (strcmp(env, "auto"))
+		return fsti_err(err, FST_EUSAGE, "%s=\"%s\": expected auto, on or off",
+				fsti_env_name(var), env);
+	return 0;
+}
+
 int fsti_load_opts_check(const fst_load_opts *in, fst_load_opts *o, fst_error *err)
 {
 	fst_load_opts_init(o);
@@ -69,30 +87,14 @@ int fsti_load_opts_check(const fst_load_opts *in, fst_load_opts *o, fst_error *e
 		return fsti_err(err, FST_EUSAGE, "unknown io method %d", o->io);
 	if (o->gds < FST_GDS_AUTO || o->gds > FST_GDS_OFF)
 		return fsti_err(err, FST_EUSAGE, "unknown gds policy %d", o->gds);
-	/* FST_GDS from the environment decides where the caller left the
-	 * default (auto): deployments can switch GDS off without code. */
-	const char *env = fsti_env(FSTI_ENV_GDS);
-	if (o->gds == FST_GDS_AUTO && env) {
-		if (!strcmp(env, "on"))
-			o->gds = FST_GDS_ON;
-		else if (!strcmp(env, "off"))
-			o->gds = FST_GDS_OFF;
-		else if (strcmp(env, "auto"))
-			return fsti_err(err, FST_EUSAGE, "FST_GDS=\"%s\": expected auto, on or off",
-					env);
-	}
+	int rc = policy_from_env(&o->gds, FSTI_ENV_GDS, err);
+	if (rc)
+		return rc;
 	if (o->unified < FST_UNIFIED_AUTO || o->unified > FST_UNIFIED_OFF)
 		return fsti_err(err, FST_EUSAGE, "unknown unified policy %d", o->unified);
-	env = fsti_env(FSTI_ENV_UNIFIED);
-	if (o->unified == FST_UNIFIED_AUTO && env) {
-		if (!strcmp(env, "on"))
-			o->unified = FST_UNIFIED_ON;
-		else if (!strcmp(env, "off"))
-			o->unified = FST_UNIFIED_OFF;
-		else if (strcmp(env, "auto"))
-			return fsti_err(err, FST_EUSAGE,
-					"FST_UNIFIED=\"%s\": expected auto, on or off", env);
-	}
+	rc = policy_from_env(&o->unified, FSTI_ENV_UNIFIED, err);
+	if (rc)
+		return rc;
 	if (!o->align)
 		o->align = DEFAULT_ALIGN;
 	if (o->align & (o->align - 1))
