@@ -98,26 +98,35 @@ struct cuda_worker {
 	char *slot[FSTI_SLOTS];
 };
 
-void fsti_cuda_release_device_buffer(struct fst_buffer *b)
+/* Free mem, b's device memory or its mapped host memory, with the device's
+ * context current: the last reference may be dropped on any thread. */
+static void free_in_context(struct fst_buffer *b, void *mem, bool mapped_host)
 {
 	const struct fsti_cuda *cu = b->device_ctx;
+	fst_error err;
+	void *saved = fsti_cuda_save();
+	if (fsti_cuda_use_device(cu, b->device_id, &err) == 0) {
+		if (mapped_host)
+			cu->cuMemFreeHost(mem);
+		else
+			cu->cuMemFree_v2((CUdeviceptr)(uintptr_t)mem);
+	} else {
+		fsti_log(FST_LOG_ERROR, "leaking %" PRIu64 " bytes of %s memory on cuda:%d: %s",
+			 b->size, mapped_host ? "mapped host" : "device", b->device_id,
+			 err.message);
+	}
+	fsti_cuda_restore(saved);
+}
+
+void fsti_cuda_release_device_buffer(struct fst_buffer *b)
+{
 	if (b->allocator.free) {
 		b->allocator.free(b->allocator.ctx, b->base, b->size, b->device_type,
 				  b->device_id);
 		return;
 	}
-	if (!cu || !b->base)
-		return;
-	/* The last reference may be dropped on any thread: make the device's
-	 * context current here before freeing. */
-	fst_error err;
-	void *saved = fsti_cuda_save();
-	if (fsti_cuda_use_device(cu, b->device_id, &err) == 0)
-		cu->cuMemFree_v2((CUdeviceptr)(uintptr_t)b->base);
-	else
-		fsti_log(FST_LOG_ERROR, "leaking %" PRIu64 " bytes of cuda:%d memory: %s",
-			 b->size, b->device_id, err.message);
-	fsti_cuda_restore(saved);
+	if (b->device_ctx && b->base)
+		free_in_context(b, b->base, false);
 }
 
 static int cuda_load_init(struct fsti_engine *e, fst_error *err)
@@ -416,18 +425,8 @@ int fsti_unified_decide(struct fsti_engine *e, fst_error *err)
 
 static void release_unified(struct fst_buffer *b)
 {
-	const struct fsti_cuda *cu = b->device_ctx;
-	if (!cu || !b->mapped_host)
-		return;
-	/* As for device buffers: the last reference may go on any thread. */
-	fst_error err;
-	void *saved = fsti_cuda_save();
-	if (fsti_cuda_use_device(cu, b->device_id, &err) == 0)
-		cu->cuMemFreeHost(b->mapped_host);
-	else
-		fsti_log(FST_LOG_ERROR, "leaking %" PRIu64 " bytes of mapped host memory: %s",
-			 b->size, err.message);
-	fsti_cuda_restore(saved);
+	if (b->device_ctx && b->mapped_host)
+		free_in_context(b, b->mapped_host, true);
 	b->mapped_host = NULL;
 }
 
