@@ -88,7 +88,7 @@ FST_API const char *fst_strerror(int code);
  * environment variable FST_FAULT is read once, at the first fault check.
  * Sites: open, read, short_read, uring_submit, uring_complete, mmap, alloc,
  * host_alloc, pin, device_alloc, h2d, event, cufile_register, cufile_read,
- * nccl. Returns FST_EUSAGE naming the problem for an unknown site or a bad
+ * nccl, prefetch (readahead advice refused: the load is only slower). Returns FST_EUSAGE naming the problem for an unknown site or a bad
  * spec (since 0.1).
  */
 FST_API int fst_fault_set(const char *spec, fst_error *err);
@@ -435,7 +435,18 @@ typedef struct fst_load_opts {
 	 * discrete path, on fails (since 0.1).
 	 */
 	int unified;
+	/*
+	 * Cold files read through the page cache (io=pread, or io=auto where it
+	 * reads that way, on files mostly not in the page cache): how many
+	 * bytes ahead of the readers the kernel is asked to fetch
+	 * (posix_fadvise WILLNEED), so storage sees deep queues without pinned
+	 * staging to match. 0 = default (1 GiB), FST_READAHEAD_OFF = never.
+	 * Ignored for files in the page cache and for O_DIRECT (since 0.1).
+	 */
+	uint64_t readahead_bytes;
 } fst_load_opts;
+
+#define FST_READAHEAD_OFF UINT64_MAX
 
 /* Fill opts with the defaults (since 0.1). */
 FST_API void fst_load_opts_init(fst_load_opts *opts);

@@ -38,6 +38,9 @@ struct fsti_source {
  * pinning (docs/design.md, "Defaults"). */
 #define FSTI_STAGING_CACHED (64ull << 20)
 #define FSTI_STAGING_DIRECT (256ull << 20)
+/* Readahead of cold files read through the page cache, by default
+ * (docs/design.md, "Readers and io=auto"). */
+#define FSTI_READAHEAD (1ull << 30)
 /* Landing slots per worker: up to two reads in flight while the third
  * slot's bytes are still being copied out (to a GPU, asynchronously). */
 #define FSTI_SLOTS 3
@@ -57,6 +60,9 @@ struct fsti_reader {
 	int (*wait)(const struct fsti_source *src, void *state, int slot, const char **where,
 		    fst_error *err);
 	void (*worker_fini)(void *state);
+	/* Optional: ask the kernel to start fetching [off, off + len) of a file
+	 * that will be read soon; returns at once. */
+	void (*prefetch)(const struct fsti_source *src, uint32_t file, uint64_t off, uint64_t len);
 };
 
 extern const struct fsti_reader fsti_reader_pread;

@@ -36,6 +36,19 @@ int fsti_engine_fd(const struct fsti_engine *e, uint32_t file)
 
 /* ---- workers */
 
+/* Chunk i was just taken: keep the kernel fetching e->ahead chunks beyond
+ * it. The first chunk's taker asks for the whole first window. */
+static void prefetch_ahead(struct fsti_engine *e, size_t i)
+{
+	if (!e->ahead)
+		return;
+	size_t from = i ? i + e->ahead : 1, to = i + e->ahead;
+	for (size_t k = from; k <= to && k < e->plan.nc; k++) {
+		const struct fsti_chunk *c = &e->plan.c[k];
+		e->reader->prefetch(&e->src, c->file, c->file_off, c->len);
+	}
+}
+
 /* Direct mode: pread straight into the destination, nothing in between. */
 static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 {
@@ -43,6 +56,7 @@ static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 		size_t i = atomic_fetch_add(&e->next_chunk, 1);
 		if (i >= e->plan.nc)
 			return 0;
+		prefetch_ahead(e, i);
 		const struct fsti_chunk *c = &e->plan.c[i];
 		char *dst = e->write_base + c->dst_off;
 		int rc = 0;
@@ -85,6 +99,7 @@ static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_erro
 			size_t i = atomic_fetch_add(&e->next_chunk, 1);
 			if (i >= e->plan.nc)
 				break;
+			prefetch_ahead(e, i);
 			const struct fsti_chunk *c = &e->plan.c[i];
 			if (fsti_gds_wanted(e, c)) {
 				/* cuFile: synchronous, straight into the tensors */
@@ -210,6 +225,7 @@ static void join_workers(struct fsti_engine *e)
 static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 {
 	char pct[96] = "";
+	e->cached = -1;
 	switch (e->opts.io) {
 	case FST_IO_MMAP:
 		if (device_type != FST_DEVICE_CPU)
@@ -220,6 +236,8 @@ static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 	case FST_IO_PREAD:
 		e->reader = &fsti_reader_pread;
 		snprintf(e->why, sizeof e->why, "asked for (io=pread)");
+		if (e->opts.readahead_bytes != FST_READAHEAD_OFF)
+			e->cached = fsti_cached_fraction(e->ck);
 		return 0;
 	case FST_IO_URING:
 		e->reader = &fsti_reader_uring;
@@ -229,7 +247,7 @@ static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 		/* auto: pread when the data is mostly in the page cache (one kernel
 		 * copy, parallel), O_DIRECT through io_uring when it is not (no
 		 * cache pollution, deep queues). */
-		double cached = fsti_cached_fraction(e->ck);
+		double cached = e->cached = fsti_cached_fraction(e->ck);
 		if (cached >= 0)
 			snprintf(pct, sizeof pct, "%.0f%% of the data in the page cache",
 				 cached * 100);
@@ -247,6 +265,15 @@ static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 	}
 }
 
+/* "16 MiB", or "64 KiB" when not a whole number of MiB. */
+static void size_text(char *buf, size_t size, uint64_t bytes)
+{
+	if (bytes % (1u << 20))
+		snprintf(buf, size, "%" PRIu64 " KiB", bytes >> 10);
+	else
+		snprintf(buf, size, "%" PRIu64 " MiB", bytes >> 20);
+}
+
 static void describe(struct fsti_engine *e)
 {
 	if (e->opts.io == FST_IO_MMAP) {
@@ -255,17 +282,19 @@ static void describe(struct fsti_engine *e)
 		return;
 	}
 	char chunk[32];
-	if (e->opts.chunk_bytes % (1u << 20))
-		snprintf(chunk, sizeof chunk, "%" PRIu64 " KiB", e->opts.chunk_bytes >> 10);
-	else
-		snprintf(chunk, sizeof chunk, "%" PRIu64 " MiB", e->opts.chunk_bytes >> 20);
+	size_text(chunk, sizeof chunk, e->opts.chunk_bytes);
 	const char *how = e->sink ? e->sink->how : "";
 	if (e->unified)
 		how = e->sink ? " to landing slots, copied once into host memory mapped for the GPU"
 			      : " straight into host memory mapped for the GPU, no copy";
-	snprintf(e->describe, sizeof e->describe, "%s%s%s, %u thread%s, %s chunks: %s%s%s%s%s",
+	char ahead[48] = "";
+	if (e->ahead) {
+		memcpy(ahead, ", readahead ", 13);
+		size_text(ahead + 12, sizeof ahead - 12, (uint64_t)e->ahead * e->opts.chunk_bytes);
+	}
+	snprintf(e->describe, sizeof e->describe, "%s%s%s, %u thread%s, %s chunks%s: %s%s%s%s%s",
 		 fsti_gds_direct_count(e->gds) ? "cuFile where registered, else " : "", e->reader->name,
-		 how, e->nthreads, e->nthreads == 1 ? "" : "s", chunk, e->why,
+		 how, e->nthreads, e->nthreads == 1 ? "" : "s", chunk, ahead, e->why,
 		 e->platform_why[0] ? "; " : "", e->platform_why,
 		 fsti_gds_why(e->gds)[0] ? "; " : "", fsti_gds_why(e->gds));
 }
@@ -352,6 +381,14 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 			r.grain = e->opts.on_landed ? e->opts.landed_block : 0;
 		}
 		rc = fsti_plan_make(&r, &e->plan, err);
+	}
+	/* Readahead where the page cache is read and mostly empty: the kernel
+	 * fetches the window ahead while the workers copy what has landed. */
+	if (!rc && e->reader && e->reader->prefetch && e->opts.io != FST_IO_MMAP &&
+	    e->cached >= 0 && e->cached < 0.5 && e->opts.readahead_bytes != FST_READAHEAD_OFF &&
+	    !fsti_gds_direct_count(e->gds)) {
+		uint64_t want = e->opts.readahead_bytes ? e->opts.readahead_bytes : FSTI_READAHEAD;
+		e->ahead = (size_t)FSTI_MAX(want / e->opts.chunk_bytes, (uint64_t)1);
 	}
 	/* no more threads than chunks */
 	e->nthreads = FSTI_MIN(e->opts.threads, (unsigned)FSTI_MIN(e->plan.nc, (size_t)UINT_MAX));

@@ -115,6 +115,10 @@ struct fsti_engine {
 	pthread_t *threads;
 	unsigned started;
 	atomic_size_t next_chunk;
+	/* readahead of cold files read through the page cache: the chunk that
+	 * is taken asks the kernel for the one this many chunks later (0: off) */
+	size_t ahead;
+	double cached; /* fraction of the data in the page cache; -1 unknown */
 	atomic_uint_fast64_t bytes_done;
 	atomic_uint_fast64_t *remaining; /* per plan tensor */
 	atomic_int stop;                 /* error or cancel */

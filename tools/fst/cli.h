@@ -55,7 +55,8 @@ void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 	{"staging", required_argument, NULL, 1005},                   \
 	{"pinned", no_argument, NULL, 1006},                          \
 	{"gds", required_argument, NULL, 1007},                       \
-	{"unified", required_argument, NULL, 1008}
+	{"unified", required_argument, NULL, 1008},                   \
+	{"readahead", required_argument, NULL, 1009}
 #define CLI_LOAD_OPTIONS_HELP                                                          \
 	"  --device DEV    cpu (default), cuda or cuda:N\n"                                \
 	"  --io METHOD     auto (default), pread, uring or mmap (cpu only)\n"              \
@@ -65,7 +66,9 @@ void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 	"  --pinned        cpu: page-lock the destination\n"                             \
 	"  --gds POLICY    auto (default), on or off: GPUDirect Storage (docs/gds.md)\n"  \
 	"  --unified POLICY auto (default), on or off: one copy into mapped host memory\n" \
-	"                  on integrated/coherent GPUs (docs/platforms.md)\n"
+	"                  on integrated/coherent GPUs (docs/platforms.md)\n"              \
+	"  --readahead SIZE cold files read through the page cache: fetch this far\n"    \
+	"                  ahead of the readers (default 1GiB), or off\n"
 
 /* Apply one of CLI_LOAD_OPTIONS; returns EXIT_OK, EXIT_USAGE (message
  * printed) or -1 when c is not a load option. */

@@ -198,6 +198,16 @@ int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *o)
 			return EXIT_USAGE;
 		}
 		return EXIT_OK;
+	case 1009:
+		if (!strcmp(arg, "off")) {
+			o->readahead_bytes = FST_READAHEAD_OFF;
+		} else if (!cli_parse_size(arg, &v) || !v) {
+			cli_error(cmd, "--readahead \"%s\": expected a size of at least 1B, or off", arg);
+			return EXIT_USAGE;
+		} else {
+			o->readahead_bytes = v;
+		}
+		return EXIT_OK;
 	default:
 		return -1;
 	}

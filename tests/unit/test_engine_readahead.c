@@ -1,0 +1,101 @@
+/* Description: readahead of cold files read through the page cache. A load
+ * with io=pread of files evicted from the page cache asks the kernel to
+ * fetch ahead (the "prefetch" fault site counts the calls), says so in its
+ * description, and its bytes equal the files'; refused advice changes no
+ * byte; readahead_bytes = FST_READAHEAD_OFF, files in the page cache and
+ * io=uring never ask. */
+#include "format.h"
+#include "load_helpers.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+/* io/residency.c: the suite links the static library. */
+double fsti_cached_fraction(const fst_checkpoint *ck);
+
+static void evict(const fst_checkpoint *ck)
+{
+	for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++) {
+		int fd = fst_file_fd(fst_checkpoint_file(ck, i));
+		assert_int_equal(fsync(fd), 0); /* dirty pages are not dropped */
+		assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+	}
+}
+
+/* Load ck with o, every prefetch refused (fault site "prefetch" armed for
+ * every call), check every byte, and return how many prefetches were asked. */
+static long load_counting(const fst_checkpoint *ck, const fst_load_opts *o, bool cold,
+			  const char *want_in_describe, const char *ctx)
+{
+	lh_files fs;
+	lh_files_read(ck, &fs); /* reads the files: evict after */
+	if (cold)
+		evict(ck);
+	fst_error err;
+	assert_int_equal(fst_fault_set("prefetch:1+", &err), 0);
+	fst_buffer *buf;
+	int rc = fst_load(ck, o, &buf, &err);
+	long asked = fst_fault_last(NULL, 0);
+	assert_int_equal(fst_fault_set(NULL, NULL), 0);
+	if (rc)
+		fail_msg("%s: %s", ctx, err.message);
+	const char *d = fst_buffer_describe(buf);
+	if (want_in_describe && !strstr(d, want_in_describe))
+		fail_msg("%s: \"%s\" lacks \"%s\"", ctx, d, want_in_describe);
+	if (!want_in_describe && strstr(d, "readahead"))
+		fail_msg("%s: \"%s\" says readahead", ctx, d);
+	lh_check_buffer(ck, &fs, buf, o, NULL, ctx);
+	fst_buffer_release(buf);
+	lh_files_free(&fs);
+	return asked;
+}
+
+static void test_readahead(void **state)
+{
+	(void)state;
+	lh_shape sh = lh_default_shape();
+	lh_ckpt lc;
+	lh_write_random("readahead", 11, &sh, &lc);
+	fst_checkpoint *ck = lh_open(lc.path);
+	if (fsti_cached_fraction(ck) < 0) {
+		fst_checkpoint_close(ck);
+		skip(); /* residency cannot be told here: no readahead decision */
+	}
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.io = FST_IO_PREAD;
+	o.chunk_bytes = 64 << 10;
+	o.threads = 3;
+
+	/* default: 1 GiB ahead, more than the checkpoint, so every chunk but
+	 * the first is asked for by the first chunk's taker */
+	long asked = load_counting(ck, &o, true, "readahead", "cold, default");
+	if (asked < 1)
+		fail_msg("cold io=pread load asked for no readahead");
+
+	/* a window of one chunk: each chunk taken asks for the next */
+	o.readahead_bytes = o.chunk_bytes;
+	asked = load_counting(ck, &o, true, "readahead 64 KiB", "cold, one chunk ahead");
+	assert_true(asked >= 1);
+
+	o.readahead_bytes = FST_READAHEAD_OFF;
+	assert_int_equal(load_counting(ck, &o, true, NULL, "cold, readahead off"), 0);
+
+	o.readahead_bytes = 0;
+	assert_int_equal(load_counting(ck, &o, false, NULL, "warm"), 0);
+
+	if (lh_uring_usable()) {
+		o.io = FST_IO_URING;
+		assert_int_equal(load_counting(ck, &o, true, NULL, "cold, io=uring"), 0);
+	}
+	fst_checkpoint_close(ck);
+	lh_rmdir(lc.dir);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_readahead),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
