@@ -8,6 +8,10 @@ in one process. Root is needed to drop caches (/proc/sys/vm/drop_caches);
 otherwise every file is evicted with posix_fadvise(DONTNEED).
 
   python3 bench/cold_patterns.py CKPT_DIR --rounds 2 [--peer-site DIR] [--json out.json]
+      [--only SUBSTR,...] [--fst-cli build/fst --variant "NAME=ARGS" ...]
+
+--variant runs `fst load CKPT --device DEV --json ARGS` (e.g. "pread+ra1G=--io pread
+--readahead 1G") and times the load the command reports.
 """
 import argparse
 import glob
@@ -15,6 +19,8 @@ import json
 import mmap
 import os
 import queue
+import shlex
+import subprocess
 import sys
 import threading
 import time
@@ -34,6 +40,49 @@ def drop_caches(files):
         fd = os.open(p, os.O_RDONLY)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
+
+
+def read_ahead_pattern(files, threads, req, ahead):
+    """Buffered preads of `req` bytes by `threads` threads from one queue in
+    file order, each request taken asking the kernel (WILLNEED) for the one
+    `ahead` bytes later: what fst's readahead does."""
+    fds = [os.open(p, os.O_RDONLY) for p in files]
+    reqs = [(fd, off, min(req, os.fstat(fd).st_size - off)) for fd in fds
+            for off in range(0, os.fstat(fd).st_size, req)]
+    k = max(1, ahead // req)
+    nxt = [0]
+    lock = threading.Lock()
+    total = [0]
+
+    def worker():
+        buf = mmap.mmap(-1, req)
+        mv = memoryview(buf)
+        n = 0
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= len(reqs):
+                break
+            for j in (range(1, k + 1) if i == 0 else (i + k,)):
+                if j < len(reqs):
+                    fd, off, ln = reqs[j]
+                    os.posix_fadvise(fd, off, ln, os.POSIX_FADV_WILLNEED)
+            fd, off, ln = reqs[i]
+            n += os.preadv(fd, [mv[:ln]], off)
+        with lock:
+            total[0] += n
+        mv.release()
+        buf.close()
+
+    ts = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for fd in fds:
+        os.close(fd)
+    assert total[0] == sum(r[2] for r in reqs)
 
 
 def read_pattern(files, threads, req, direct, per_file):
@@ -97,6 +146,10 @@ def main():
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--peer-site", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default=None,
+                    help="comma-separated substrings: keep the modes whose name holds one")
+    ap.add_argument("--fst-cli", default=None)
+    ap.add_argument("--variant", action="append", default=[])
     a = ap.parse_args()
     files = sorted(glob.glob(os.path.join(a.path, "*.safetensors")))
     nbytes = sum(os.path.getsize(f) for f in files)
@@ -112,15 +165,22 @@ def main():
                            read_pattern(files, t, r, d, False))
         modes[f"{'direct' if direct else 'buffered'} 16x16MiB per-file"] = (
             lambda d=direct: read_pattern(files, 16, 16 * MiB, d, True))
+    for req, ahead in ((4 * MiB, 1 << 30), (16 * MiB, 1 << 30), (4 * MiB, 4 << 30)):
+        modes[f"buffered+willneed 16x{req // MiB}MiB {ahead >> 30}GiB ahead"] = (
+            lambda r=req, h=ahead: read_ahead_pattern(files, 16, r, h))
 
     import torch
     import fst
     torch.zeros(1, device=a.device)
-    torch.cuda.synchronize()
+
+    def sync():
+        if a.device.startswith("cuda"):
+            torch.cuda.synchronize()
+    sync()
 
     def fst_load():
         d = fst.load(a.path, device=a.device)
-        torch.cuda.synchronize()
+        sync()
         del d
     modes["fst.load"] = fst_load
 
@@ -133,7 +193,7 @@ def main():
                 ld = SafeTensorsFileLoader(SingleGroup(), a.device, nogds=True)
                 ld.add_filenames({0: files})
                 fb = ld.copy_files_to_device()
-                torch.cuda.synchronize()
+                sync()
                 fb.close()
                 ld.close()
             modes["fastsafetensors 0.5 nogds"] = fastsafetensors_load
@@ -146,11 +206,24 @@ def main():
                 with instanttensor.safe_open(files, framework="pt", device=0) as f:
                     for _name, _t in f.tensors():
                         pass
-                torch.cuda.synchronize()
+                sync()
             modes["instanttensor 0.2 default"] = instanttensor_load
         except ImportError as e:
             print(f"no instanttensor: {e}")
 
+    for v in a.variant:
+        label, _, args = v.partition("=")
+
+        def cli_load(args=args):
+            out = subprocess.run([a.fst_cli, "load", a.path, "--device", a.device, "--json",
+                                  "--no-progress"] + shlex.split(args), check=True,
+                                 capture_output=True, text=True).stdout
+            return json.loads(out)["seconds"]
+        modes[f"fst {label}"] = cli_load
+
+    if a.only:
+        keep = a.only.split(",")
+        modes = {m: f for m, f in modes.items() if any(k in m for k in keep)}
     results = {m: [] for m in modes}
     names = list(modes)
     for r in range(a.rounds):
@@ -158,8 +231,10 @@ def main():
         for m in order:
             drop_caches(files)
             t0 = time.perf_counter()
-            modes[m]()
+            reported = modes[m]()
             dt = time.perf_counter() - t0
+            if isinstance(reported, float):
+                dt = reported  # the load's own time, without process start
             results[m].append(dt)
             print(f"round {r + 1} {m}: {dt:.2f} s {nbytes / dt / 1e9:.2f} GB/s", flush=True)
     print(f"\n{a.path}: {nbytes / 1e9:.2f} GB in {len(files)} files, cold, {a.rounds} rounds")

@@ -270,8 +270,10 @@ def main():
     pread, copy, odirect = best_limit("pread"), best_limit("pinned_copy"), best_limit("odirect")
     print(f"\n{a.path}: {nbytes / 1e9:.2f} GB in {len(files)} files onto {a.device}, "
           f"{a.rounds} rounds; cold by {evict or '-'}")
-    print(f"limits (best of the rounds): pread {pread} GB/s, pinned copy {copy} GB/s, "
-          f"O_DIRECT {odirect} GB/s")
+    def gbps(x):
+        return "-" if x is None else f"{x:.2f}"
+    print(f"limits (best of the rounds): pread {gbps(pread)} GB/s, pinned copy {gbps(copy)} GB/s, "
+          f"O_DIRECT {gbps(odirect)} GB/s")
     print("| loader | warm GB/s (rounds) | × pread | × pinned copy | cold GB/s (rounds) | "
           "× O_DIRECT | peak RSS | device bytes | bytes |")
     print("|---|---|---|---|---|---|---|---|---|")
