@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, after scripts/gpu-wheel.sh
+# (fst from the installed wheel in VENV): writes the two benchmark checkpoints
+# (bench/make_checkpoints.py), then
+#   BEFORE=PATH  the discrete path before and after a change: `fst load` onto
+#                cuda:0, files in the page cache, the two binaries alternating
+#                (ROUNDS rounds), on the Llama-3-8B-shaped checkpoint;
+#   SWEEP=1      bench/cold_patterns.py on the gpt-oss-shaped checkpoint: access
+#                patterns, fst's read paths (--variant) and the peers, cold;
+#   PEERS=1      bench/peers.py on both checkpoints, warm and cold (PEER_ARGS
+#                adds options, e.g. "--no-cold --rounds 1").
+# The peers' wheels come from WHL. Results go to OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/fst-cold-out}
+WORK=${WORK:-/tmp/fst-cold-work}
+VENV=${VENV:-/tmp/fst-wheel-work/venv}
+WHL=${WHL:-.whl}
+ROUNDS=${ROUNDS:-3}
+SWEEP=${SWEEP:-1}
+PEERS=${PEERS:-0}
+PEER_ARGS=${PEER_ARGS:-}
+BEFORE=${BEFORE:-}
+mkdir -p "$OUT" "$WORK"
+py=$VENV/bin/python fst=$VENV/bin/fst peers=$WORK/peers
+"$py" -m pip install -q --no-index --no-deps --target "$peers" "$WHL"/*.whl >"$OUT/peers-install.txt" 2>&1
+[ -d "$WORK/ck/gpt-oss-20b" ] || "$py" bench/make_checkpoints.py "$WORK/ck" 2>&1 | tee "$OUT/checkpoints.txt"
+
+if [ -n "$BEFORE" ]; then
+	m=$WORK/ck/llama3-8b
+	cat "$m"/*.safetensors >/dev/null
+	for r in $(seq "$ROUNDS"); do
+		for b in "$BEFORE" "$fst"; do
+			name=after
+			[ "$b" = "$BEFORE" ] && name=before
+			printf 'round %s %s: ' "$r" "$name"
+			"$b" load "$m" --device cuda:0 --json --no-progress |
+				"$py" -c 'import json,sys; j=json.load(sys.stdin); print(f"{j[\"seconds\"]:.3f} s {j[\"gbps\"]:.2f} GB/s {j[\"path_chosen\"]}")'
+		done
+	done 2>&1 | tee "$OUT/before-after.txt"
+fi
+
+if [ "$SWEEP" = 1 ]; then
+	"$py" bench/cold_patterns.py "$WORK/ck/gpt-oss-20b" --rounds "${SWEEP_ROUNDS:-2}" --peer-site "$peers" \
+		--only "${SWEEP_ONLY:-direct 16x64MiB,buffered 16x64MiB,willneed,fst,fastsafetensors,instanttensor}" \
+		--fst-cli "$fst" \
+		--variant "uring=--io uring" \
+		--variant "uring staging 1G=--io uring --staging 1G" \
+		--variant "pread readahead off=--io pread --readahead off" \
+		--variant "pread readahead 1G=--io pread" \
+		--variant "pread readahead 4G=--io pread --readahead 4G" \
+		--variant "pread readahead 1G staging 256M=--io pread --staging 256M" \
+		--json "$OUT/cold-sweep.json" 2>&1 | tee "$OUT/cold-sweep.txt"
+fi
+
+if [ "$PEERS" = 1 ]; then
+	for m in gpt-oss-20b llama3-8b; do
+		"$py" bench/peers.py "$WORK/ck/$m" --device cuda:0 --peer-site "$peers" --fst-bin "$fst" \
+			$PEER_ARGS --json "$OUT/peers-$m.json" 2>&1 | tee "$OUT/peers-$m.txt"
+	done
+fi
