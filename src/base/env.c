@@ -34,6 +34,9 @@ static const char *const names[FSTI_ENV_COUNT] = {
 	[FSTI_ENV_DIST_TIMEOUT_MS] = "FST_DIST_TIMEOUT_MS",
 	/* the unified-memory policy (auto, on, off) where options leave auto; at each load */
 	[FSTI_ENV_UNIFIED] = "FST_UNIFIED",
+	/* pinned staging: "huge" (registered huge pages, the default) or
+	 * "driver" (cuMemHostAlloc); for each new block */
+	[FSTI_ENV_STAGING_PAGES] = "FST_STAGING_PAGES",
 };
 
 const char *fsti_env_name(enum fsti_env var)

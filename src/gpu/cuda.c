@@ -70,6 +70,8 @@ static const struct fsti_dl_sym syms[] = {
 	SYM(cuMemGetInfo_v2),
 	SYM(cuMemHostAlloc),
 	SYM(cuMemFreeHost),
+	SYM(cuMemHostRegister_v2),
+	SYM(cuMemHostUnregister),
 	SYM(cuMemHostGetDevicePointer_v2),
 	SYM(cuMemcpyHtoDAsync_v2),
 	SYM(cuMemcpyDtoH_v2),

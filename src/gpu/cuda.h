@@ -35,6 +35,7 @@ typedef unsigned long long CUdeviceptr;
 #define FSTI_CU_EVENT_DISABLE_TIMING 0x2
 #define FSTI_CU_MEMHOSTALLOC_PORTABLE 0x1
 #define FSTI_CU_MEMHOSTALLOC_DEVICEMAP 0x2
+#define FSTI_CU_MEMHOSTREGISTER_PORTABLE 0x1
 #define FSTI_CU_MEMORYTYPE_DEVICE 0x2
 
 /* CUDA_MEMCPY2D (the _v2 layout): a strided copy, for tensor-parallel
@@ -77,6 +78,8 @@ struct fsti_cuda {
 	CUresult (*cuMemGetInfo_v2)(size_t *free_bytes, size_t *total);
 	CUresult (*cuMemHostAlloc)(void **p, size_t bytes, unsigned flags);
 	CUresult (*cuMemFreeHost)(void *p);
+	CUresult (*cuMemHostRegister_v2)(void *p, size_t bytes, unsigned flags);
+	CUresult (*cuMemHostUnregister)(void *p);
 	CUresult (*cuMemHostGetDevicePointer_v2)(CUdeviceptr *d, void *p, unsigned flags);
 	CUresult (*cuMemcpyHtoDAsync_v2)(CUdeviceptr dst, const void *src, size_t bytes,
 					 CUstream s);

@@ -25,58 +25,96 @@
  * costs about as much as reading the bytes from the page cache (it is
  * serialised in the driver), so a server that loads several checkpoints
  * pays it once. PORTABLE blocks serve every device. fst_trim frees them.
+ *
+ * A new block is anonymous memory advised for 2 MiB pages and registered
+ * with the driver (cuMemHostRegister), which pins a huge page at a time
+ * instead of 512 small ones: the first load of a process pays less for its
+ * staging (docs/design.md, "Defaults"). Where that fails (no huge pages
+ * matter: the registration works on small pages too; a driver that refuses
+ * registration) the block comes from cuMemHostAlloc. FST_STAGING_PAGES=driver
+ * asks for cuMemHostAlloc always.
  */
 #define POOL_MAX 128
 #define POOL_LIMIT (1ull << 30)
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct {
+struct pinned_block {
 	char *p;
-	uint64_t len;
-} pool[POOL_MAX];
+	uint64_t len;      /* what the caller asked for */
+	uint64_t map_len;  /* registered mapping's length; 0: cuMemHostAlloc */
+};
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct pinned_block pool[POOL_MAX];
 static int pool_n;
 static uint64_t pool_bytes;
 static const struct fsti_cuda *pool_cu;
 
-static char *pinned_get(const struct fsti_cuda *cu, uint64_t len, CUresult *r)
+static void pinned_free(const struct fsti_cuda *cu, struct pinned_block b)
+{
+	if (b.map_len) {
+		cu->cuMemHostUnregister(b.p);
+		fsti_host_free(b.p, b.map_len);
+	} else {
+		cu->cuMemFreeHost(b.p);
+	}
+}
+
+static bool staging_from_driver(void)
+{
+	const char *v = fsti_env(FSTI_ENV_STAGING_PAGES);
+	return v && !strcmp(v, "driver");
+}
+
+static int pinned_get(const struct fsti_cuda *cu, uint64_t len, struct pinned_block *out,
+		      CUresult *r)
 {
 	pthread_mutex_lock(&pool_lock);
 	for (int i = 0; i < pool_n; i++)
 		if (pool[i].len == len) {
-			char *p = pool[i].p;
+			*out = pool[i];
 			pool[i] = pool[--pool_n];
 			pool_bytes -= len;
 			pthread_mutex_unlock(&pool_lock);
 			*r = 0;
-			return p;
+			return 0;
 		}
 	pthread_mutex_unlock(&pool_lock);
-	char *p = NULL;
-	*r = fsti_fault("pin") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY
-			       : cu->cuMemHostAlloc((void **)&p, (size_t)len,
-						    FSTI_CU_MEMHOSTALLOC_PORTABLE);
-	return *r ? NULL : p;
+	*out = (struct pinned_block){NULL, len, 0};
+	if (fsti_fault("pin")) {
+		*r = FSTI_CUDA_ERROR_OUT_OF_MEMORY;
+		return -1;
+	}
+	void *p;
+	uint64_t map_len;
+	if (!staging_from_driver() && fsti_host_alloc(len, false, &p, &map_len, NULL) == 0) {
+		*r = cu->cuMemHostRegister_v2(p, (size_t)map_len, FSTI_CU_MEMHOSTREGISTER_PORTABLE);
+		if (*r == 0) {
+			*out = (struct pinned_block){p, len, map_len};
+			return 0;
+		}
+		fsti_host_free(p, map_len);
+	}
+	*r = cu->cuMemHostAlloc((void **)&out->p, (size_t)len, FSTI_CU_MEMHOSTALLOC_PORTABLE);
+	return *r ? -1 : 0;
 }
 
-static void pinned_put(const struct fsti_cuda *cu, char *p, uint64_t len)
+static void pinned_put(const struct fsti_cuda *cu, struct pinned_block b)
 {
 	pthread_mutex_lock(&pool_lock);
-	if (pool_n < POOL_MAX && pool_bytes + len <= POOL_LIMIT) {
-		pool[pool_n].p = p;
-		pool[pool_n++].len = len;
-		pool_bytes += len;
+	if (pool_n < POOL_MAX && pool_bytes + b.len <= POOL_LIMIT) {
+		pool[pool_n++] = b;
+		pool_bytes += b.len;
 		pool_cu = cu;
-		p = NULL;
+		b.p = NULL;
 	}
 	pthread_mutex_unlock(&pool_lock);
-	if (p)
-		cu->cuMemFreeHost(p);
+	if (b.p)
+		pinned_free(cu, b);
 }
 
 void fst_trim(void)
 {
 	pthread_mutex_lock(&pool_lock);
 	for (int i = 0; i < pool_n; i++)
-		pool_cu->cuMemFreeHost(pool[i].p);
+		pinned_free(pool_cu, pool[i]);
 	pool_n = 0;
 	pool_bytes = 0;
 	pthread_mutex_unlock(&pool_lock);
@@ -92,7 +130,7 @@ struct cuda_worker {
 	CUstream stream;
 	CUevent ev[FSTI_SLOTS];
 	bool ev_made[FSTI_SLOTS];
-	char *pinned; /* the worker's slots, one pinned block */
+	struct pinned_block pinned; /* the worker's slots, one block */
 	const struct fsti_chunk *pending[FSTI_SLOTS];
 	bool failed[FSTI_SLOTS]; /* a copy of the slot's chunk could not be queued */
 	char *slot[FSTI_SLOTS];
@@ -212,9 +250,8 @@ static int cuda_worker_init(struct fsti_engine *e, void **state, fst_error *err)
 	 * first reads of the others. */
 	double t0 = fsti_now();
 	uint64_t len = FSTI_SLOTS * e->slot_bytes;
-	w->pinned = pinned_get(cu, len, &r);
-	if (r) {
-		w->pinned = NULL;
+	if (pinned_get(cu, len, &w->pinned, &r)) {
+		w->pinned.p = NULL;
 		return fsti_cuda_fail(cu, r, err,
 				      "cannot allocate %" PRIu64 " bytes of pinned staging "
 				      "memory (--staging sets the budget)",
@@ -228,7 +265,7 @@ static int cuda_worker_init(struct fsti_engine *e, void **state, fst_error *err)
 			return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot create an event",
 					      l->device);
 		w->ev_made[s] = true;
-		w->slot[s] = w->pinned + (unsigned)s * e->slot_bytes;
+		w->slot[s] = w->pinned.p + (unsigned)s * e->slot_bytes;
 	}
 	return 0;
 }
@@ -346,6 +383,7 @@ static int cuda_drain(struct fsti_engine *e, void *state, fst_error *err)
 
 static void cuda_worker_fini(struct fsti_engine *e, void *state)
 {
+	(void)e;
 	struct cuda_worker *w = state;
 	if (!w)
 		return;
@@ -358,8 +396,8 @@ static void cuda_worker_fini(struct fsti_engine *e, void *state)
 	if (w->stream)
 		cu->cuStreamDestroy_v2(w->stream);
 	/* after the stream is idle: no copy can still read the slots */
-	if (w->pinned)
-		pinned_put(cu, w->pinned, FSTI_SLOTS * e->slot_bytes);
+	if (w->pinned.p)
+		pinned_put(cu, w->pinned);
 	fsti_free(w);
 }
 

@@ -244,16 +244,20 @@ static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 		snprintf(e->why, sizeof e->why, "asked for (io=uring)");
 		return 0;
 	default: {
-		/* auto: pread when the data is mostly in the page cache (one kernel
-		 * copy, parallel), O_DIRECT through io_uring when it is not (no
-		 * cache pollution, deep queues). */
+		/* auto: pread either way. Files mostly in the page cache: one
+		 * kernel copy, in parallel. Files mostly not: readahead keeps the
+		 * disk's queue deep while the workers copy what has landed, which
+		 * beat O_DIRECT through io_uring on every pattern measured
+		 * (docs/design.md, "Cold reads"). With readahead off, cold files
+		 * go to O_DIRECT through io_uring, where it can be set up. */
 		double cached = e->cached = fsti_cached_fraction(e->ck);
 		if (cached >= 0)
 			snprintf(pct, sizeof pct, "%.0f%% of the data in the page cache",
 				 cached * 100);
 		else
 			snprintf(pct, sizeof pct, "page-cache residency unknown");
-		bool uring = cached >= 0 && cached < 0.5;
+		bool cold = cached >= 0 && cached < 0.5;
+		bool uring = cold && e->opts.readahead_bytes == FST_READAHEAD_OFF;
 		if (uring && !fsti_uring_available()) {
 			uring = false;
 			snprintf(pct + strlen(pct), sizeof pct - strlen(pct), ", io_uring unavailable");
@@ -265,7 +269,13 @@ static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 	}
 }
 
-/* "16 MiB", or "64 KiB" when not a whole number of MiB. */
+/* Whether the load reads cold files through the page cache with readahead. */
+static bool reads_ahead(const struct fsti_engine *e)
+{
+	return e->reader && e->reader->prefetch && e->opts.io != FST_IO_MMAP && e->cached >= 0 &&
+	       e->cached < 0.5 && e->opts.readahead_bytes != FST_READAHEAD_OFF;
+}
+
 static void size_text(char *buf, size_t size, uint64_t bytes)
 {
 	if (bytes % (1u << 20))
@@ -351,7 +361,8 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		/* Landing slots of every thread fit the staging budget, by
 		 * default the reader's own (io.h). */
 		if (!e->opts.staging_bytes)
-			e->opts.staging_bytes = e->reader->default_staging;
+			e->opts.staging_bytes = reads_ahead(e) ? FSTI_STAGING_COLD
+							       : e->reader->default_staging;
 		uint64_t per_slot = e->opts.staging_bytes / ((uint64_t)e->opts.threads * FSTI_SLOTS);
 		uint64_t chunk = FSTI_MIN(e->opts.chunk_bytes, per_slot);
 		chunk &= ~(uint64_t)(FSTI_DIRECT_ALIGN - 1);
@@ -384,9 +395,7 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	}
 	/* Readahead where the page cache is read and mostly empty: the kernel
 	 * fetches the window ahead while the workers copy what has landed. */
-	if (!rc && e->reader && e->reader->prefetch && e->opts.io != FST_IO_MMAP &&
-	    e->cached >= 0 && e->cached < 0.5 && e->opts.readahead_bytes != FST_READAHEAD_OFF &&
-	    !fsti_gds_direct_count(e->gds)) {
+	if (!rc && reads_ahead(e) && !fsti_gds_direct_count(e->gds)) {
 		uint64_t want = e->opts.readahead_bytes ? e->opts.readahead_bytes : FSTI_READAHEAD;
 		e->ahead = (size_t)FSTI_MAX(want / e->opts.chunk_bytes, (uint64_t)1);
 	}

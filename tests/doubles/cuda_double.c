@@ -64,7 +64,7 @@ struct alloc {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct alloc allocs[MAX_ALLOCS];
 static size_t used[64];
-static atomic_long live_device, live_host, live_mapped;
+static atomic_long live_device, live_host, live_mapped, live_registered;
 static int initialized;
 static __thread int current = -1;
 
@@ -452,6 +452,49 @@ API CUresult cuMemFreeHost(void *p)
 	return OK;
 }
 
+/* Registered host ranges: what cuMemHostUnregister must be given back. */
+#define MAX_REGISTERED 4096
+static struct {
+	char *p;
+	size_t n;
+} registered[MAX_REGISTERED];
+
+API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
+{
+	if (!p || !n || (flags & ~1u))
+		return INVALID_VALUE;
+	/* the driver touches every page it pins: so does the double */
+	for (size_t i = 0; i < n; i += 4096)
+		((volatile char *)p)[i] = ((volatile char *)p)[i];
+	pthread_mutex_lock(&lock);
+	for (size_t i = 0; i < MAX_REGISTERED; i++)
+		if (!registered[i].p) {
+			registered[i].p = p;
+			registered[i].n = n;
+			pthread_mutex_unlock(&lock);
+			atomic_fetch_add(&live_registered, 1);
+			atomic_fetch_add(&live_host, 1); /* a pinned host block too */
+			return OK;
+		}
+	pthread_mutex_unlock(&lock);
+	return OUT_OF_MEMORY;
+}
+
+API CUresult cuMemHostUnregister(void *p)
+{
+	pthread_mutex_lock(&lock);
+	for (size_t i = 0; i < MAX_REGISTERED; i++)
+		if (registered[i].p == p) {
+			registered[i].p = NULL;
+			pthread_mutex_unlock(&lock);
+			atomic_fetch_sub(&live_registered, 1);
+			atomic_fetch_sub(&live_host, 1);
+			return OK;
+		}
+	pthread_mutex_unlock(&lock);
+	return INVALID_VALUE; /* not registered */
+}
+
 API CUresult cuStreamCreate(void **out, unsigned flags)
 {
 	(void)flags;
@@ -595,6 +638,7 @@ API long fst_double_live_device(void) { return atomic_load(&live_device); }
 API long fst_double_live_host(void) { return atomic_load(&live_host); }
 /* Live DEVICEMAP blocks (unified-memory destinations). */
 API long fst_double_live_mapped(void) { return atomic_load(&live_mapped); }
+API long fst_double_live_registered(void) { return atomic_load(&live_registered); }
 /* Whether p is a device address of a DEVICEMAP block (not its host address). */
 API int fst_double_is_mapped_device(const void *p)
 {

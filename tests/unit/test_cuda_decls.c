@@ -82,6 +82,7 @@ _Static_assert(sizeof(CUdevice_attribute) == sizeof(int), "CUdevice_attribute is
 	X(CU_EVENT_DISABLE_TIMING)                                                         \
 	X(CU_MEMHOSTALLOC_PORTABLE)                                                         \
 	X(CU_MEMHOSTALLOC_DEVICEMAP)                                                        \
+	X(CU_MEMHOSTREGISTER_PORTABLE)                                                      \
 	X(CU_MEMORYTYPE_DEVICE)
 
 #define CHECK_CONSTANT(name) \
@@ -106,6 +107,8 @@ CONSTANTS(CHECK_CONSTANT)
 	X(cuMemGetInfo_v2)                                                                 \
 	X(cuMemHostAlloc)                                                                  \
 	X(cuMemFreeHost)                                                                   \
+	X(cuMemHostRegister_v2)                                                            \
+	X(cuMemHostUnregister)                                                             \
 	X(cuMemHostGetDevicePointer_v2)                                                    \
 	X(cuMemcpyHtoDAsync_v2)                                                            \
 	X(cuMemcpyDtoH_v2)                                                                 \

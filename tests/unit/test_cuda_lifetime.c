@@ -2,10 +2,13 @@
  * staging blocks outlive a load, serve the next one (no new page-locking,
  * even with pinning made to fail) and fst_trim gives them all back; device
  * memory lives as long as a view of it does, and the last view to go frees
- * it, on whatever thread that is. */
+ * it, on whatever thread that is. New staging blocks are huge-page memory
+ * registered with the driver, or cuMemHostAlloc's with
+ * FST_STAGING_PAGES=driver; both kinds go back to their own free call. */
 #include "cuda_helpers.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 
 static void *release_on_thread(void *arg)
 {
@@ -48,6 +51,47 @@ static void test_pinned_pool(void **state)
 	fst_trim();
 	assert_int_equal(ch_live_host() - ch_pinned_base, 0);
 	fst_trim(); /* nothing left: a no-op */
+	ch_assert_clean("after trimming", c.host_base);
+	ch_close(&c);
+}
+
+/* Staging comes from registered huge-page memory by default, from
+ * cuMemHostAlloc with FST_STAGING_PAGES=driver; each kind is freed by its
+ * own call (the double refuses to unregister what it never registered). */
+static void test_staging_pages(void **state)
+{
+	(void)state;
+	long (*live_registered)(void) = (long (*)(void))ch_sym("fst_double_live_registered");
+	ch_ckpt c;
+	ch_write_random("pages", 48, &ch_big_gen, &c);
+	ch_open(&c, c.dir);
+	static const char *const kinds[] = {NULL, "driver", "huge"};
+	for (int k = 0; k < 3; k++) {
+		fst_trim();
+		if (kinds[k])
+			setenv("FST_STAGING_PAGES", kinds[k], 1);
+		else
+			unsetenv("FST_STAGING_PAGES");
+		long r0 = live_registered();
+		fst_load_opts o;
+		ch_opts(&o, "cuda:0", FST_IO_PREAD, 2, 2 * MiB);
+		fst_buffer *buf = NULL;
+		fst_error err;
+		if (fst_load(c.ck, &o, &buf, &err))
+			fail_msg("FST_STAGING_PAGES=%s: %s", kinds[k] ? kinds[k] : "(unset)", err.message);
+		ch_assert_buffer(&c, buf, 0);
+		fst_buffer_release(buf);
+		long kept = ch_live_host() - ch_pinned_base, registered = live_registered() - r0;
+		assert_true(kept >= 1);
+		if (k == 1)
+			assert_int_equal(registered, 0); /* all from cuMemHostAlloc */
+		else
+			assert_int_equal(registered, kept); /* all registered */
+		fst_trim();
+		assert_int_equal(live_registered(), r0);
+		assert_int_equal(ch_live_host() - ch_pinned_base, 0);
+	}
+	unsetenv("FST_STAGING_PAGES");
 	ch_assert_clean("after trimming", c.host_base);
 	ch_close(&c);
 }
@@ -99,6 +143,7 @@ int main(void)
 		return rc;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_pinned_pool, ch_reset),
+		cmocka_unit_test_setup(test_staging_pages, ch_reset),
 		cmocka_unit_test_setup(test_lifetime, ch_reset),
 	};
 	return cmocka_run_group_tests(tests, ch_setup, ch_teardown);
