@@ -10,7 +10,8 @@ in the same round. A markdown table on stdout, JSON with --json.
   python3 bench/peers.py /tmp/ck/llama3-8b --device cuda:0 --rounds 2 \\
       [--peer-site DIR] [--only fst.load,fastsafetensors] [--no-cold] [--json out.json]
 
-Loaders (a peer that does not import is reported and left out):
+Loaders (a peer that does not import is reported and left out; LOADER+NAME=VALUE
+runs LOADER with one more environment variable, e.g. fst.load+FST_STAGING_PAGES=driver):
   fst.load, fst.iter_tensors   this package
   safetensors                  the reference: safetensors.torch.load_file per file
   fastsafetensors              SafeTensorsFileLoader(nogds=True) and copy_files_to_device
@@ -132,6 +133,11 @@ def check(tensors, files):
 
 
 def child(a):
+    # "LOADER+NAME=VALUE": the loader with one more environment variable,
+    # set before anything is imported (e.g. fst.load+FST_STAGING_PAGES=driver)
+    for kv in a.child.split("+")[1:]:
+        k, _, v = kv.partition("=")
+        os.environ[k] = v
     import torch
     files = files_of(a.path)
     cuda = a.device.startswith("cuda")
@@ -142,7 +148,7 @@ def child(a):
         free0 = torch.cuda.mem_get_info(torch.device(a.device))[0]
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    got = load_with(a.child, a.path, files, a.device)
+    got = load_with(a.child.split("+")[0], a.path, files, a.device)
     keep = None
     if isinstance(got, tuple):
         got, keep = got
@@ -182,7 +188,7 @@ def limits(fst_bin, path, device, cold):
 def importable(name, env):
     mod = {"fst.load": "fst", "fst.iter_tensors": "fst", "safetensors": "safetensors",
            "fastsafetensors": "fastsafetensors", "instanttensor": "instanttensor",
-           "runai": "runai_model_streamer"}[name]
+           "runai": "runai_model_streamer"}[name.split("+")[0]]
     r = subprocess.run([sys.executable, "-c", f"import {mod}"], env=env, capture_output=True,
                        text=True)
     return r.returncode == 0, (r.stderr.strip().splitlines() or [""])[-1]
