@@ -1,29 +1,36 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after scripts/gpu-wheel.sh
-# (fst from the installed wheel in VENV): writes the two benchmark checkpoints
+# (fst from the wheel installed into PY, its command FST): writes the two benchmark checkpoints
 # (bench/make_checkpoints.py), then
 #   BEFORE=PATH  the discrete path before and after a change: `fst load` onto
 #                cuda:0, files in the page cache, the two binaries alternating
 #                (ROUNDS rounds), on the Llama-3-8B-shaped checkpoint;
 #   SWEEP=1      bench/cold_patterns.py on the gpt-oss-shaped checkpoint: access
 #                patterns, fst's read paths (--variant) and the peers, cold;
-#   PEERS=1      bench/peers.py on both checkpoints, warm and cold (PEER_ARGS
-#                adds options, e.g. "--no-cold --rounds 1").
+#   PEERS=1      bench/peers.py on each of PEER_MODELS (default both), warm and
+#                cold (PEER_ARGS adds options, e.g. "--no-cold --rounds 1").
+# Each checkpoint is written the first time a step needs it.
 # The peers' wheels come from WHL. Results go to OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/fst-cold-out}
 WORK=${WORK:-/tmp/fst-cold-work}
-VENV=${VENV:-/tmp/fst-wheel-work/venv}
+PY=${PY:-python3}
+FST=${FST:-$($PY -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/fst}
 WHL=${WHL:-.whl}
 ROUNDS=${ROUNDS:-3}
 SWEEP=${SWEEP:-1}
 PEERS=${PEERS:-0}
 PEER_ARGS=${PEER_ARGS:-}
+PEER_MODELS=${PEER_MODELS:-gpt-oss-20b llama3-8b}
 BEFORE=${BEFORE:-}
 mkdir -p "$OUT" "$WORK"
-py=$VENV/bin/python fst=$VENV/bin/fst peers=$WORK/peers
+py=$PY fst=$FST peers=$WORK/peers
 "$py" -m pip install -q --no-index --no-deps --target "$peers" "$WHL"/*.whl >"$OUT/peers-install.txt" 2>&1
-[ -d "$WORK/ck/gpt-oss-20b" ] || "$py" bench/make_checkpoints.py "$WORK/ck" 2>&1 | tee "$OUT/checkpoints.txt"
+for m in $([ "$PEERS" = 1 ] && echo "$PEER_MODELS") $([ "$SWEEP" = 1 ] && echo gpt-oss-20b) \
+	$([ -n "$BEFORE" ] && echo llama3-8b); do
+	[ -d "$WORK/ck/$m" ] || "$py" bench/make_checkpoints.py "$WORK/ck" --only "$m" 2>&1 |
+		tee -a "$OUT/checkpoints.txt"
+done
 
 if [ -n "$BEFORE" ]; then
 	m=$WORK/ck/llama3-8b
@@ -34,7 +41,7 @@ if [ -n "$BEFORE" ]; then
 			[ "$b" = "$BEFORE" ] && name=before
 			printf 'round %s %s: ' "$r" "$name"
 			"$b" load "$m" --device cuda:0 --json --no-progress |
-				"$py" -c 'import json,sys; j=json.load(sys.stdin); print(f"{j[\"seconds\"]:.3f} s {j[\"gbps\"]:.2f} GB/s {j[\"path_chosen\"]}")'
+				"$py" -c 'import json, sys; j = json.load(sys.stdin); print("%.3f s %.2f GB/s %s" % (j["seconds"], j["gbps"], j["path_chosen"]))'
 		done
 	done 2>&1 | tee "$OUT/before-after.txt"
 fi
@@ -53,7 +60,7 @@ if [ "$SWEEP" = 1 ]; then
 fi
 
 if [ "$PEERS" = 1 ]; then
-	for m in gpt-oss-20b llama3-8b; do
+	for m in $PEER_MODELS; do
 		"$py" bench/peers.py "$WORK/ck/$m" --device cuda:0 --peer-site "$peers" --fst-bin "$fst" \
 			$PEER_ARGS --json "$OUT/peers-$m.json" 2>&1 | tee "$OUT/peers-$m.txt"
 	done

@@ -5,11 +5,12 @@
 # `fst --version`, `fst doctor`, `fst load` onto cuda:0 and a Python load onto
 # cuda:0 checked byte for byte against safetensors, all from the installed
 # package. SUITE=1 also runs the Python suite (tests/python) against it.
-# Results go to OUT; the venv (VENV) is left for later steps.
+# The wheel goes into the machine's own python3, where torch is (the machine
+# is fresh for each session); the fst command into its scripts folder, which
+# the last line printed names. Results go to OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/fst-wheel-out}
 WORK=${WORK:-/tmp/fst-wheel-work}
-VENV=${VENV:-$WORK/venv}
 SUITE=${SUITE:-0}
 mkdir -p "$OUT" "$WORK"
 py=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
@@ -18,26 +19,26 @@ whl=$(ls dist/fst_loader-*-"$py"-"$py"-*manylinux_2_28_x86_64.whl 2>/dev/null | 
 {
 	echo "\$ sha256sum $whl"
 	sha256sum "$whl"
-	echo "\$ python3 -m venv --system-site-packages $VENV   # torch is the machine's"
-	python3 -m venv --system-site-packages "$VENV"
-	echo "\$ $VENV/bin/pip install --no-index --no-deps $whl"
-	"$VENV/bin/pip" install --no-index --no-deps "$whl" 2>&1
+	echo "\$ python3 -m pip install --no-index --no-deps $whl"
+	python3 -m pip install --no-index --no-deps "$whl" 2>&1 ||
+		python3 -m pip install --no-index --no-deps --break-system-packages "$whl" 2>&1
 	echo "\$ command -v gcc cc nvcc; ls /usr/include/jansson.h /usr/include/liburing.h"
 	command -v gcc cc nvcc
 	ls /usr/include/jansson.h /usr/include/liburing.h 2>&1
-	echo "\$ fst --version"
-	"$VENV/bin/fst" --version
+	bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+	echo "\$ fst --version   # $bin/fst"
+	"$bin/fst" --version
 	echo "\$ fst doctor"
-	"$VENV/bin/fst" doctor 2>&1
+	"$bin/fst" doctor 2>&1
 	echo "\$ fst gen $WORK/model --size 4GiB --misaligned"
 	[ -f "$WORK/model/model.safetensors.index.json" ] ||
-		"$VENV/bin/fst" gen "$WORK/model" --size 4GiB --misaligned 2>&1
+		"$bin/fst" gen "$WORK/model" --size 4GiB --misaligned 2>&1
 	echo "\$ fst load $WORK/model --device cuda:0 --no-progress"
-	"$VENV/bin/fst" load "$WORK/model" --device cuda:0 --no-progress 2>&1
-	echo "\$ fst verify $WORK/model --device cuda:0 --no-progress"
-	"$VENV/bin/fst" verify "$WORK/model" --device cuda:0 --no-progress 2>&1
+	"$bin/fst" load "$WORK/model" --device cuda:0 --no-progress 2>&1
+	echo "\$ fst verify $WORK/model --device cuda:0"
+	"$bin/fst" verify "$WORK/model" --device cuda:0 2>&1
 	echo "\$ python: fst.load(model, device='cuda:0') against safetensors.torch.load_file"
-	(cd "$WORK" && "$VENV/bin/python" - "$WORK/model" <<'EOF'
+	(cd "$WORK" && python3 - "$WORK/model" <<'EOF'
 import glob, os, sys, time
 import torch, fst
 from safetensors.torch import load_file
@@ -64,7 +65,8 @@ EOF
 [ "$SUITE" = 1 ] || exit 0
 # The suite against the installed package and command (tests/wheel/inside.sh
 # does the same here); the CUDA double, when carried, for its GPU-less tests.
-export FST_BIN=$VENV/bin/fst FST_LIB=$VENV/libfst.so
+bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+export FST_BIN=$bin/fst FST_LIB=$bin/libfst.so
 [ -f build/tests/libfst_cuda_double.so ] && export FST_CUDA_DOUBLE=$PWD/build/tests/libfst_cuda_double.so
-timeout 300 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/python 2>&1 | tail -25 |
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/python 2>&1 | tail -25 |
 	tee "$OUT/suite.txt"
