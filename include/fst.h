@@ -525,6 +525,13 @@ FST_API uint64_t fst_buffer_tensor_bytes(const fst_buffer *buf);
 FST_API const char *fst_buffer_describe(const fst_buffer *buf);
 /* Drop the view's reference (the view is cleared); NULL is fine (since 0.1). */
 FST_API void fst_view_release(fst_tensor_view *view);
+/*
+ * The host address of the view's first byte where the CPU can use it: the
+ * view's own address on the CPU, and for a unified-memory load (the
+ * FST_UNIFIED path) the host address of the same bytes; NULL for device
+ * memory the CPU cannot reach, and for NULL (since 0.1).
+ */
+FST_API void *fst_view_host_data(const fst_tensor_view *view);
 
 /*
  * Describe what fst_load would do with these options, without loading: the

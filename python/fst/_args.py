@@ -3,6 +3,7 @@ turned into what the extension takes) before anything is opened or read."""
 from __future__ import annotations
 
 import operator
+import os
 from typing import Dict, Optional
 
 from ._errors import ArgumentTypeError, UsageError
@@ -102,12 +103,30 @@ def _check_options(where: str, options: dict) -> None:
             raise TypeError(f"{where}() got an unexpected keyword argument {k!r}")
 
 
-def _check_target(device: str, framework: str) -> None:
+def _check_target(device: str, framework: str, unified: bool = False) -> None:
     """numpy arrays live in host memory: refuse a GPU target before any byte
-    is read (and before any GPU memory is taken)."""
-    if framework == "numpy" and device.startswith("cuda"):
+    is read (and before any GPU memory is taken), unless the load is one
+    into unified memory, which the CPU can read as it is."""
+    if framework == "numpy" and device.startswith("cuda") and not unified:
         raise UsageError(f"device {device!r} with framework='numpy': numpy arrays live on the "
-                         "CPU; load with device='cpu' or framework='pt'", -1)
+                         "CPU; load with device='cpu' or framework='pt' (a unified-memory load "
+                         "on an integrated GPU gives numpy arrays too: docs/platforms.md)", -1)
+
+
+def _unified(kw: dict) -> bool:
+    """Whether a CUDA load with kw takes the unified-memory path: unified="on",
+    or "auto" (the options' or FST_UNIFIED's) on an integrated GPU. Such a
+    load leaves the torch allocator out, and may give numpy arrays."""
+    from . import _fst
+    u = kw.get("unified", 0)
+    if u == 0:
+        u = {"on": 1, "off": 2}.get(os.environ.get("FST_UNIFIED", ""), 0)
+    if u != 0:
+        return u == 1
+    dev = kw["device"]
+    if not dev.startswith("cuda"):
+        return False
+    return _fst.unified_by_default(int(dev[5:]) if dev.startswith("cuda:") else 0)
 
 
 def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk_bytes=0,
@@ -116,7 +135,6 @@ def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk
     """The low-level load's keyword arguments, every one checked; the
     allocator is added by _prepare, once torch is known to be there."""
     dev = _device(device)
-    _check_target(dev, framework)
     kw = dict(device=dev, io=_choice("io", io, _IO), threads=_threads(threads),
               staging_bytes=_count("staging_bytes", staging_bytes,
                                    "a byte count >= 0 (0: libfst's default)"),
@@ -132,4 +150,5 @@ def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk
     if unified != "auto":
         kw["unified"] = _choice("unified", unified, _UNIFIED)
     kw["torch_allocator"] = bool(torch_allocator)
+    _check_target(dev, framework, framework == "numpy" and dev.startswith("cuda") and _unified(kw))
     return kw

@@ -307,9 +307,9 @@ static PyObject *Tensor_reinterpret(TensorObject *self, PyObject *args)
 		PyErr_SetString(PyExc_ValueError, "bits must be a multiple of 8");
 		return NULL;
 	}
-	fst_tensor_view v;
-	if (fst_buffer_tensor(self->view.buffer, self->view.index, &v))
-		return PyErr_Format(PyExc_RuntimeError, "tensor vanished");
+	/* the same view (a host view stays one), with its own reference */
+	fst_tensor_view v = self->view;
+	fst_buffer_retain(v.buffer);
 	TensorObject *t = (TensorObject *)fstpy_make_tensor(&v);
 	if (t && set_export(t, (DLDataType){(uint8_t)code, (uint8_t)bits, 1})) {
 		Py_DECREF(t);
@@ -370,6 +370,29 @@ static PyObject *Tensor_get_ptr(TensorObject *self, void *c)
 	return PyLong_FromVoidPtr(self->view.data);
 }
 
+/* The same bytes as a CPU tensor, where the CPU can use them (a
+ * unified-memory load's mapped host memory); it holds its own reference on
+ * the buffer, so the memory lives while either does. */
+static PyObject *Tensor_host_view(TensorObject *self, PyObject *unused)
+{
+	(void)unused;
+	void *host = fst_view_host_data(&self->view);
+	if (!host) {
+		fst_error err = {0};
+		err.code = FST_EUSAGE;
+		snprintf(err.message, sizeof err.message,
+			 "tensor \"%s\" is in device memory of cuda:%d: the CPU has no view of it",
+			 self->view.name, self->view.device_id);
+		return fstpy_raise(FST_EUSAGE, &err);
+	}
+	fst_tensor_view v = self->view;
+	v.data = host;
+	v.device_type = FST_DEVICE_CPU;
+	v.device_id = 0;
+	fst_buffer_retain(v.buffer);
+	return fstpy_make_tensor(&v);
+}
+
 static PyGetSetDef Tensor_getset[] = {
 	{"name", (getter)Tensor_get_name, NULL, "tensor name", NULL},
 	{"dtype", (getter)Tensor_get_dtype, NULL, "safetensors dtype, e.g. 'BF16'", NULL},
@@ -388,6 +411,8 @@ static PyMethodDef Tensor_methods[] = {
 	{"reinterpret", (PyCFunction)Tensor_reinterpret, METH_VARARGS,
 	 "the same bytes exported as DLPack (code, bits)"},
 	{"tobytes", (PyCFunction)Tensor_tobytes, METH_NOARGS, "a host copy of the bytes"},
+	{"host_view", (PyCFunction)Tensor_host_view, METH_NOARGS,
+	 "the same bytes as a CPU tensor where the CPU can use them (unified memory)"},
 	{NULL, NULL, 0, NULL},
 };
 

@@ -7,7 +7,7 @@ import sys
 from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
 from . import _fst
-from ._args import _check_options, _framework, _load_kwargs
+from ._args import _check_options, _framework, _load_kwargs, _unified  # noqa: F401
 from ._errors import UsageError
 from ._tensors import _check_dtypes, _convert, _need_torch
 
@@ -51,19 +51,6 @@ def _prepare(where: str, cks: Sequence["Checkpoint"], framework: str, kw: dict) 
             and not _unified(kw)):
         kw["allocator"] = _torch_allocator(kw["device"])
     return kw
-
-
-def _unified(kw: dict) -> bool:
-    """Whether a CUDA load with kw takes the unified-memory path, so that the
-    torch allocator is left out: unified="on", or "auto" (the options' or
-    FST_UNIFIED's) on an integrated GPU."""
-    u = kw.get("unified", 0)
-    if u == 0:
-        u = {"on": 1, "off": 2}.get(os.environ.get("FST_UNIFIED", ""), 0)
-    if u != 0:
-        return u == 1
-    dev = kw["device"]
-    return _fst.unified_by_default(int(dev[5:]) if dev.startswith("cuda:") else 0)
 
 
 class Checkpoint:

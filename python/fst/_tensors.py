@@ -70,8 +70,11 @@ def _to_torch(t: "_fst.Tensor"):
 def _to_numpy(t: "_fst.Tensor"):
     import numpy as np
     if not t.device.startswith("cpu"):
-        raise UsageError(f"tensor {t.name!r} is on {t.device}: numpy arrays live on the CPU; "
-                         "load with device='cpu' or framework='pt'", -1)
+        try:
+            t = t.host_view()  # unified memory: the same bytes, as the CPU sees them
+        except UsageError:
+            raise UsageError(f"tensor {t.name!r} is on {t.device}: numpy arrays live on the "
+                             "CPU; load with device='cpu' or framework='pt'", -1) from None
     dtype = t.dtype
     if dtype in _ML_DTYPES:
         try:

@@ -156,6 +156,18 @@ void fst_view_release(fst_tensor_view *v)
 	fst_buffer_release(b);
 }
 
+void *fst_view_host_data(const fst_tensor_view *v)
+{
+	if (!v || !v->buffer)
+		return NULL;
+	const fst_buffer *b = v->buffer;
+	if (b->device_type == FST_DEVICE_CPU)
+		return v->data;
+	if (!b->mapped_host)
+		return NULL;
+	return (char *)b->mapped_host + ((char *)v->data - (char *)b->base);
+}
+
 long fst_buffer_find(const fst_buffer *b, const char *name)
 {
 	return fsti_names_find(&b->by_name, name, btensor_name, b);

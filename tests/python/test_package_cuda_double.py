@@ -154,6 +154,55 @@ print("ok")
 """, FST_DOUBLE_PLATFORM="integrated")
     assert out.strip() == "ok"
 
+def test_unified_memory_as_numpy(run_python, cuda_double, files, tmp_path):
+    """On an integrated GPU a unified-memory load may hand out numpy arrays:
+    views of the mapped block as the CPU sees it (no copy), bytes equal to
+    the file, from fst.load and iter_tensors; the block is unmapped when the
+    last array goes. With unified="off" (device memory) numpy is refused."""
+    single, sharded = files
+    out = run_cuda(run_python, cuda_double, PRELUDE + f"""
+import ctypes
+dbl = ctypes.CDLL({cuda_double!r})
+want = json.load(open({want_file(tmp_path, sharded)!r}))
+for how in ("load", "iter"):
+    if how == "load":
+        d = fst.load({sharded!r}, device="cuda:0", framework="numpy")
+    else:
+        d = dict(fst.iter_tensors({sharded!r}, device="cuda:0", framework="numpy"))
+    assert set(d) == set(want), how
+    assert dbl.fst_double_live_mapped() == 1
+    for name, a in d.items():
+        assert isinstance(a, np.ndarray), (how, name, type(a))
+        assert list(a.shape) == want[name][1], (how, name)
+        assert a.tobytes().hex() == want[name][2], (how, name)
+        if a.nbytes:
+            host = a.__array_interface__["data"][0]
+            assert not dbl.fst_double_is_mapped_device(ctypes.c_void_p(host)), name
+    keep = next(iter(d.values()))
+    del d, a
+    gc.collect()
+    assert dbl.fst_double_live_mapped() == 1  # one array still holds the block
+    del keep
+    gc.collect()
+    assert dbl.fst_double_live_mapped() == 0, how
+try:
+    fst.load({sharded!r}, device="cuda:0", framework="numpy", unified="off")
+except fst.UsageError as e:
+    assert "numpy arrays live on the CPU" in str(e), e
+else:
+    raise AssertionError("numpy from device memory")
+t = _fst.load(_fst.Checkpoint({single!r}), device="cuda:0", unified=2).tensor("w")
+try:
+    t.host_view()
+except fst.UsageError as e:
+    assert "the CPU has no view of it" in str(e), e
+else:
+    raise AssertionError("a host view of device memory")
+print("ok")
+""", FST_DOUBLE_PLATFORM="integrated")
+    assert out.strip() == "ok"
+
+
 def test_numpy_framework_refuses_cuda(run_python, cuda_double, files):
     """framework='numpy' with a GPU target raises the documented UsageError
     before anything is loaded, from every entry point; GPU tensors are not

@@ -182,6 +182,12 @@ static void check_unified_buffer(const ch_ckpt *c, fst_buffer *buf, int dev)
 		assert_int_equal((uintptr_t)v.data % 256, 0);
 		if (!is_mapped_device(v.data))
 			fail_msg("%s: %p is not a device address of the mapped block", v.name, v.data);
+		/* the CPU's view: the host address of the same bytes (the double
+		 * maps the block twice, so the addresses differ) */
+		const void *host = fst_view_host_data(&v);
+		if (!host || (v.nbytes && host == v.data) || is_mapped_device(host))
+			fail_msg("%s: host view %p of device address %p", v.name, host, v.data);
+		assert_memory_equal(host, v.data, v.nbytes);
 		fst_view_release(&v);
 	}
 }
@@ -276,6 +282,11 @@ static void test_forced_discrete(void **state)
 	assert_int_equal(live_mapped(), m0);
 	assert_int_equal(ch_live_device(), d0 + 1);
 	ch_assert_buffer(&ck, buf, P_INTEGRATED);
+	fst_tensor_view v;
+	assert_int_equal(fst_buffer_tensor(buf, 0, &v), 0);
+	assert_null(fst_view_host_data(&v)); /* device memory: no CPU view */
+	fst_view_release(&v);
+	assert_null(fst_view_host_data(&v));
 	fst_buffer_release(buf);
 	ch_assert_clean("unified=off", ck.host_base);
 	ch_close(&ck);
