@@ -124,8 +124,8 @@ def _unified(kw: dict) -> bool:
     if u != 0:
         return u == 1
     dev = kw["device"]
-    if not dev.startswith("cuda"):
-        return False
+    if dev != "cuda" and not (dev.startswith("cuda:") and dev[5:].isdigit()):
+        return False  # not a CUDA device; a bad name is refused by the load itself
     return _fst.unified_by_default(int(dev[5:]) if dev.startswith("cuda:") else 0)
 
 
