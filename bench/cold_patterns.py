@@ -25,21 +25,9 @@ import sys
 import threading
 import time
 
+from coldcache import make_cold, scrub_files
+
 MiB = 1 << 20
-
-
-def drop_caches(files):
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return
-    except OSError:
-        pass
-    for p in files:
-        fd = os.open(p, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
 
 
 def read_ahead_pattern(files, threads, req, ahead):
@@ -146,11 +134,15 @@ def main():
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--peer-site", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--scrub", default=None,
+                    help="a file or folder read with O_DIRECT before each cold pass, to empty "
+                         "caches below the guest's (bench/coldcache.py)")
     ap.add_argument("--only", default=None,
                     help="comma-separated substrings: keep the modes whose name holds one")
     ap.add_argument("--fst-cli", default=None)
     ap.add_argument("--variant", action="append", default=[])
     a = ap.parse_args()
+    scrub_with = scrub_files(a.scrub)
     files = sorted(glob.glob(os.path.join(a.path, "*.safetensors")))
     nbytes = sum(os.path.getsize(f) for f in files)
 
@@ -229,7 +221,7 @@ def main():
     for r in range(a.rounds):
         order = names if r % 2 == 0 else names[::-1]
         for m in order:
-            drop_caches(files)
+            make_cold(files, scrub_with)
             t0 = time.perf_counter()
             reported = modes[m]()
             dt = time.perf_counter() - t0

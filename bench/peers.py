@@ -30,26 +30,14 @@ import subprocess
 import sys
 import time
 
+from coldcache import make_cold, scrub_files
+
 LOADERS = ["fst.load", "fst.iter_tensors", "safetensors", "fastsafetensors", "instanttensor",
            "runai"]
 
 
 def files_of(path):
     return sorted(glob.glob(os.path.join(path, "*.safetensors")))
-
-
-def drop_caches(files):
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return "drop_caches"
-    except OSError:
-        for p in files:
-            fd = os.open(p, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-        return "posix_fadvise"
 
 
 def warm(files):
@@ -218,9 +206,13 @@ def main():
     ap.add_argument("--peer-site", default=None, help="a folder with the peers' packages")
     ap.add_argument("--fst-bin", default=shutil.which("fst") or "build/fst")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--scrub", default=None,
+                    help="a file or folder read with O_DIRECT before each cold pass, to empty "
+                         "caches below the guest's (bench/coldcache.py)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    scrub_with = scrub_files(a.scrub)
     if a.child:
         return child(a)
 
@@ -255,7 +247,7 @@ def main():
                 if mode == "warm":
                     warm(files)
                 else:
-                    evict = drop_caches(files)
+                    evict = make_cold(files, scrub_with)
                 res = run_child(a, name, env, checked=(r == 0 and mode == "warm"))
                 if "error" in res:
                     print(f"round {r + 1} {mode} {name}: {res['error']}", flush=True)
