@@ -1,4 +1,4 @@
-/* Description: the one dlopen helper of gpu/ (fsti_dl_load) on libc itself:
+/* Description: the one dlopen helper of base/ (fsti_dl_load) on libc itself:
  * the override before the soname, required, optional and older-name entries,
  * the messages for a library that cannot be loaded and for a missing symbol
  * (with the table cleared); and base/env.c's reads (fresh every call, empty

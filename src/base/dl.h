@@ -1,8 +1,10 @@
 /*
- * dl.h - the one way libfst opens a GPU library at run time: dlopen of the
+ * dl.h - the one way libfst opens a library at run time: dlopen of the
  * path the environment names or of the default soname, then a table of
- * symbols resolved into a struct of function pointers. cuda.c, cufile.c
- * and nccl.c each describe their library and table and call fsti_dl_load.
+ * symbols resolved into a struct of function pointers. gpu/cuda.c,
+ * gpu/cufile.c, gpu/nccl.c and net/curl.c each describe their library and
+ * table and call fsti_dl_load. In base/ because it knows nothing of what it
+ * opens: both gpu/ and net/ use it.
  */
 #ifndef FST_DL_H
 #define FST_DL_H

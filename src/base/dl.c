@@ -1,4 +1,4 @@
-/* dl.c - opening a GPU library and resolving its function table (dl.h). */
+/* dl.c - opening a library at run time and resolving its function table (dl.h). */
 #include "dl.h"
 
 #include <dlfcn.h>
