@@ -270,6 +270,78 @@ FST_API long fst_checkpoint_find(const fst_checkpoint *ckpt, const char *name);
 /* Sum of all tensors' bytes (since 0.1). */
 FST_API uint64_t fst_checkpoint_total_bytes(const fst_checkpoint *ckpt);
 
+/* ------------------------------------------------------- remote sources */
+
+/*
+ * Everywhere a path is taken, a URL may be given too (docs/remote.md):
+ *   s3://BUCKET/KEY.safetensors, s3://BUCKET/PREFIX/ (the objects listed
+ *   there, as a directory's files), s3://BUCKET/PREFIX/model.safetensors.index.json,
+ *   http(s)://HOST/PATH/model.safetensors or .../model.safetensors.index.json.
+ * They are read with libcurl, opened at run time (libcurl.so.4, or
+ * FST_CURL_LIBRARY): without it a URL fails with FST_EUNSUPPORTED naming the
+ * library. S3 requests are signed (AWS SigV4) with the credentials that the
+ * AWS SDKs would find; a load reads each file with parallel ranged GETs,
+ * each checked against the object's ETag, size and Last-Modified, so an
+ * object that changes during a load is FST_ECHANGED, never wrong bytes.
+ * HTTP 404 is FST_EIO with sys_errno ENOENT, 401 and 403 FST_EIO with
+ * EACCES, other failures FST_EIO once the retries are spent.
+ */
+
+/* S3 addressing. */
+enum fst_s3_addressing {
+	FST_S3_AUTO = 0,    /* path-style with an endpoint, virtual-hosted on AWS */
+	FST_S3_PATH = 1,    /* ENDPOINT/BUCKET/KEY */
+	FST_S3_VIRTUAL = 2, /* BUCKET.ENDPOINT-HOST/KEY */
+};
+
+/* How remote files are reached; every field left 0 or NULL takes the
+ * environment's setting, else the default. Local paths ignore them all. */
+typedef struct fst_open_opts {
+	size_t struct_size;     /* set by fst_open_opts_init */
+	/* S3 endpoint URL, e.g. "http://127.0.0.1:9000"; NULL:
+	 * AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else AWS's for the region */
+	const char *endpoint;
+	/* NULL: AWS_REGION, AWS_DEFAULT_REGION, the profile's, else us-east-1 */
+	const char *region;
+	/* NULL: AWS_PROFILE, else "default" */
+	const char *profile;
+	/* nonzero: never sign (public buckets). 0: unsigned where
+	 * AWS_NO_SIGN_REQUEST is true or 1, or where no credentials are found */
+	int unsigned_requests;
+	int addressing;         /* enum fst_s3_addressing */
+	/* CA bundle for https; NULL: AWS_CA_BUNDLE, CURL_CA_BUNDLE,
+	 * SSL_CERT_FILE, else libcurl's own */
+	const char *ca_bundle;
+	/* Retries of a failed request (HTTP 429 or 5xx, a dropped or reset
+	 * connection, a stall): 0 = 5; -1 = none. */
+	int retries;
+	/* Bound on one request's retries together, backoff included: 0 = 60 s */
+	unsigned retry_time_ms;
+	unsigned connect_timeout_ms; /* 0 = 10 s */
+	/* A transfer below 1 KiB/s for this long fails (and is retried): 0 = 30 s */
+	unsigned stall_timeout_ms;
+} fst_open_opts;
+
+/* Fill opts with the defaults (since 0.1). */
+FST_API void fst_open_opts_init(fst_open_opts *opts);
+/* fst_checkpoint_open with options for remote files (opts NULL: defaults)
+ * (since 0.1). */
+FST_API int fst_checkpoint_open_ex(const char *path, const fst_open_opts *opts,
+				   fst_checkpoint **out, fst_error *err);
+/* fst_file_open with options for remote files (opts NULL: defaults) (since 0.1). */
+FST_API int fst_file_open_ex(const char *path, const fst_open_opts *opts, fst_file **out,
+			     fst_error *err);
+/* Nonzero for a file opened from a URL (since 0.1). */
+FST_API int fst_file_is_remote(const fst_file *file);
+/*
+ * Read len bytes of the file from byte offset into dst: pread for files,
+ * a copy for memory images, ranged GETs for remote files (checked as a
+ * load's are). Past the end, or a file that changed, is FST_ECHANGED
+ * (since 0.1).
+ */
+FST_API int fst_file_read(const fst_file *file, uint64_t offset, void *dst, uint64_t len,
+			  fst_error *err);
+
 /* ----------------------------------------------------------------- writer */
 
 enum fst_writer_order {

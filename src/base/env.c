@@ -37,6 +37,29 @@ static const char *const names[FSTI_ENV_COUNT] = {
 	/* pinned staging: "huge" (registered huge pages, the default) or
 	 * "driver" (cuMemHostAlloc); for each new block */
 	[FSTI_ENV_STAGING_PAGES] = "FST_STAGING_PAGES",
+	/* the libcurl to open instead of libcurl.so.4; read once (net/curl.c) */
+	[FSTI_ENV_CURL_LIBRARY] = "FST_CURL_LIBRARY",
+	/* The AWS SDKs' variables, read at each open of a remote checkpoint
+	 * (net/config.c; docs/remote.md says how they combine): credentials, */
+	[FSTI_ENV_AWS_ACCESS_KEY_ID] = "AWS_ACCESS_KEY_ID",
+	[FSTI_ENV_AWS_SECRET_ACCESS_KEY] = "AWS_SECRET_ACCESS_KEY",
+	[FSTI_ENV_AWS_SESSION_TOKEN] = "AWS_SESSION_TOKEN",
+	/* the region (AWS_REGION wins), the profile and the files that hold it, */
+	[FSTI_ENV_AWS_REGION] = "AWS_REGION",
+	[FSTI_ENV_AWS_DEFAULT_REGION] = "AWS_DEFAULT_REGION",
+	[FSTI_ENV_AWS_PROFILE] = "AWS_PROFILE",
+	[FSTI_ENV_AWS_SHARED_CREDENTIALS_FILE] = "AWS_SHARED_CREDENTIALS_FILE",
+	[FSTI_ENV_AWS_CONFIG_FILE] = "AWS_CONFIG_FILE",
+	/* the endpoint (the S3-specific one wins), unsigned requests (true or 1), */
+	[FSTI_ENV_AWS_ENDPOINT_URL] = "AWS_ENDPOINT_URL",
+	[FSTI_ENV_AWS_ENDPOINT_URL_S3] = "AWS_ENDPOINT_URL_S3",
+	[FSTI_ENV_AWS_NO_SIGN_REQUEST] = "AWS_NO_SIGN_REQUEST",
+	/* CA bundles for every https URL, first set wins, */
+	[FSTI_ENV_AWS_CA_BUNDLE] = "AWS_CA_BUNDLE",
+	[FSTI_ENV_CURL_CA_BUNDLE] = "CURL_CA_BUNDLE",
+	[FSTI_ENV_SSL_CERT_FILE] = "SSL_CERT_FILE",
+	/* and where ~/.aws is */
+	[FSTI_ENV_HOME] = "HOME",
 };
 
 const char *fsti_env_name(enum fsti_env var)

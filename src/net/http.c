@@ -1,0 +1,778 @@
+/*
+ * http.c - ranged GETs through libcurl: one easy handle per thread, kept
+ * alive between requests; S3 requests signed by libcurl itself
+ * (CURLOPT_AWS_SIGV4). Every response is checked before a byte of it is
+ * kept: the status, Content-Range against the bytes asked for, and the
+ * object's size, ETag and Last-Modified against what the first GET saw
+ * (and If-Match asks the server to refuse a changed object). Failures that
+ * may pass (HTTP 429 and 5xx, dropped, reset or stalled connections) are
+ * retried with exponential backoff, resuming where the bytes stopped,
+ * within a bounded count and time.
+ */
+#include "net.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#define MAX_REDIRS 5L
+#define ERROR_BODY 2048 /* of an error response, kept for its S3 <Code> and <Message> */
+#define BACKOFF_FIRST_MS 100.0
+#define BACKOFF_MAX_MS 5000.0
+#define RECV_BUFFER (512L << 10) /* fewer, larger writes into the destination */
+
+struct fsti_conn {
+	const struct fsti_curl *cu;
+	fsti_curl_handle *h;
+	bool signed_before; /* credentials set on the handle by an earlier request */
+	char error[FSTI_CURL_ERROR_SIZE];
+	char agent[32];
+};
+
+/* One request and what its response said. */
+struct request {
+	/* asked */
+	const char *url;
+	bool ranged;
+	uint64_t off, len; /* Range: bytes=off-(off+len-1) */
+	char *dst;         /* ranged: the bytes land here, at most len */
+	char **grow;       /* not ranged: a growing buffer of at most max bytes */
+	size_t max, cap;
+	const atomic_int *stop;
+	/* answered */
+	long status;
+	bool has_range;
+	uint64_t range_first, range_last, range_total; /* Content-Range */
+	bool total_unknown;                            /* "bytes A-B/(star)" */
+	bool has_total;                                /* range_total was said */
+	char etag[192], last_modified[64];
+	uint64_t got; /* body bytes kept */
+	bool ignored_range, bad_start, too_long;
+	char body[ERROR_BODY + 1]; /* of a response that is not the one wanted */
+	size_t body_len;
+};
+
+int fsti_conn_new(struct fsti_conn **out, fst_error *err)
+{
+	*out = NULL;
+	const struct fsti_curl *cu;
+	int rc = fsti_curl_get(&cu, err);
+	if (rc)
+		return rc;
+	struct fsti_conn *c = fsti_calloc(1, sizeof *c);
+	if (!c)
+		return fsti_err(err, FST_ENOMEM, "out of memory for a connection");
+	c->cu = cu;
+	snprintf(c->agent, sizeof c->agent, "fst/%s", fst_version());
+	if (!(c->h = cu->curl_easy_init())) {
+		fsti_free(c);
+		return fsti_err(err, FST_ENOMEM, "curl_easy_init failed (out of memory?)");
+	}
+	*out = c;
+	return 0;
+}
+
+void fsti_conn_free(struct fsti_conn *c)
+{
+	if (!c)
+		return;
+	c->cu->curl_easy_cleanup(c->h);
+	fsti_free(c);
+}
+
+void fsti_object_free(struct fsti_object *o)
+{
+	if (!o)
+		return;
+	fsti_free(o->name);
+	fsti_free(o->url);
+	fsti_remote_unref(o->remote);
+	fsti_free(o);
+}
+
+/* ---- the response, as it arrives */
+
+static bool header_is(const char *line, size_t n, const char *name, const char **value,
+		      size_t *vlen)
+{
+	size_t k = strlen(name);
+	if (n <= k || strncasecmp(line, name, k) || line[k] != ':')
+		return false;
+	const char *v = line + k + 1, *end = line + n;
+	while (v < end && (*v == ' ' || *v == '\t'))
+		v++;
+	while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' '))
+		end--;
+	*value = v;
+	*vlen = (size_t)(end - v);
+	return true;
+}
+
+static void copy_value(char *dst, size_t size, const char *v, size_t n)
+{
+	n = FSTI_MIN(n, size - 1);
+	memcpy(dst, v, n);
+	dst[n] = '\0';
+}
+
+/* "bytes A-B/T", "bytes A-B/(star)" or "bytes (star)/T". */
+static void parse_content_range(struct request *q, const char *v, size_t n)
+{
+	char buf[96];
+	copy_value(buf, sizeof buf, v, n);
+	unsigned long long a, b, t;
+	char star[2];
+	if (sscanf(buf, "bytes %llu-%llu/%llu", &a, &b, &t) == 3 && a <= b && b < t) {
+		q->has_range = q->has_total = true;
+		q->range_first = a;
+		q->range_last = b;
+		q->range_total = t;
+	} else if (sscanf(buf, "bytes %llu-%llu/%1[*]", &a, &b, star) == 3 && a <= b) {
+		q->has_range = true;
+		q->total_unknown = true;
+		q->range_first = a;
+		q->range_last = b;
+	} else if (sscanf(buf, "bytes */%llu", &t) == 1) {
+		q->range_total = t; /* 416: the size, and no bytes */
+		q->has_total = true;
+	}
+}
+
+static size_t on_header(char *line, size_t size, size_t nmemb, void *ctx)
+{
+	struct request *q = ctx;
+	size_t n = size * nmemb;
+	const char *v;
+	size_t vlen;
+	if (n > 5 && !strncmp(line, "HTTP/", 5)) {
+		/* a new response (after a redirect or a 100): forget the last one's */
+		const char *sp = memchr(line, ' ', n);
+		q->status = sp ? strtol(sp + 1, NULL, 10) : 0;
+		q->has_range = q->total_unknown = q->has_total = false;
+		q->range_total = 0;
+		q->etag[0] = q->last_modified[0] = '\0';
+	} else if (header_is(line, n, "Content-Range", &v, &vlen)) {
+		parse_content_range(q, v, vlen);
+	} else if (header_is(line, n, "ETag", &v, &vlen)) {
+		copy_value(q->etag, sizeof q->etag, v, vlen);
+	} else if (header_is(line, n, "Last-Modified", &v, &vlen)) {
+		copy_value(q->last_modified, sizeof q->last_modified, v, vlen);
+	}
+	return n;
+}
+
+static size_t keep_error_body(struct request *q, const char *p, size_t n)
+{
+	size_t k = FSTI_MIN(n, (size_t)ERROR_BODY - q->body_len);
+	memcpy(q->body + q->body_len, p, k);
+	q->body_len += k;
+	q->body[q->body_len] = '\0';
+	return n;
+}
+
+static size_t on_body(char *p, size_t size, size_t nmemb, void *ctx)
+{
+	struct request *q = ctx;
+	size_t n = size * nmemb;
+	if (q->ranged) {
+		if (q->status == 200) {
+			q->ignored_range = true; /* the whole object coming: stop it */
+			return 0;
+		}
+		if (q->status != 206)
+			return keep_error_body(q, p, n);
+		if (!q->got && (!q->has_range || q->range_first != q->off)) {
+			q->bad_start = true;
+			return 0;
+		}
+		if (n > q->len - q->got) {
+			q->too_long = true;
+			return 0;
+		}
+		memcpy(q->dst + q->got, p, n);
+		q->got += n;
+		return n;
+	}
+	if (q->status != 200)
+		return keep_error_body(q, p, n);
+	if (n > q->max - q->got) {
+		q->too_long = true;
+		return 0;
+	}
+	if (q->got + n + 1 > q->cap) {
+		size_t cap = FSTI_MAX(q->cap * 2, (size_t)(q->got + n + 1));
+		char *grown = fsti_realloc(*q->grow, cap);
+		if (!grown)
+			return 0;
+		*q->grow = grown;
+		q->cap = cap;
+	}
+	memcpy(*q->grow + q->got, p, n);
+	q->got += n;
+	(*q->grow)[q->got] = '\0';
+	return n;
+}
+
+static int on_progress(void *ctx, fsti_curl_off_t a, fsti_curl_off_t b, fsti_curl_off_t c,
+		       fsti_curl_off_t d)
+{
+	(void)a, (void)b, (void)c, (void)d;
+	const struct request *q = ctx;
+	return q->stop && atomic_load(q->stop);
+}
+
+/* ---- one request */
+
+/* Every option of a request, set afresh: the handle is reused. Returns
+ * libcurl's code (0 when all were taken). */
+static int set_options(struct fsti_conn *c, const struct fsti_remote *r, bool sign,
+		       struct request *q, const char *range, struct fsti_curl_slist *headers)
+{
+	const struct fsti_curl *cu = c->cu;
+	fsti_curl_handle *h = c->h;
+	int rc = 0;
+#define SET(opt, val)                                           \
+	do {                                                    \
+		if (!rc)                                        \
+			rc = cu->curl_easy_setopt(h, opt, val); \
+	} while (0)
+	SET(FSTI_CURLOPT_URL, q->url);
+	SET(FSTI_CURLOPT_HTTPGET, 1L);
+	SET(FSTI_CURLOPT_RANGE, range);
+	SET(FSTI_CURLOPT_HTTPHEADER, headers);
+	SET(FSTI_CURLOPT_WRITEFUNCTION, (fsti_curl_write_fn)on_body);
+	SET(FSTI_CURLOPT_WRITEDATA, (void *)q);
+	SET(FSTI_CURLOPT_HEADERFUNCTION, (fsti_curl_write_fn)on_header);
+	SET(FSTI_CURLOPT_HEADERDATA, (void *)q);
+	SET(FSTI_CURLOPT_NOPROGRESS, 0L);
+	SET(FSTI_CURLOPT_XFERINFOFUNCTION, (fsti_curl_xferinfo_fn)on_progress);
+	SET(FSTI_CURLOPT_XFERINFODATA, (void *)q);
+	SET(FSTI_CURLOPT_ERRORBUFFER, c->error);
+	/* threads: no signals for name resolution timeouts */
+	SET(FSTI_CURLOPT_NOSIGNAL, 1L);
+	SET(FSTI_CURLOPT_FOLLOWLOCATION, 1L);
+	SET(FSTI_CURLOPT_MAXREDIRS, MAX_REDIRS);
+	SET(FSTI_CURLOPT_TCP_KEEPALIVE, 1L);
+	SET(FSTI_CURLOPT_BUFFERSIZE, RECV_BUFFER);
+	SET(FSTI_CURLOPT_USERAGENT, c->agent);
+	SET(FSTI_CURLOPT_CONNECTTIMEOUT_MS, (long)r->connect_timeout_ms);
+	/* a connection that stalls fails (and is retried) instead of hanging */
+	SET(FSTI_CURLOPT_LOW_SPEED_LIMIT, 1024L);
+	SET(FSTI_CURLOPT_LOW_SPEED_TIME, (long)FSTI_MAX(1u, (r->stall_timeout_ms + 999) / 1000));
+	SET(FSTI_CURLOPT_CAINFO, r->ca_bundle);
+	/* a handle that signed before keeps its credentials unless told */
+	if (sign || c->signed_before) {
+		SET(FSTI_CURLOPT_USERNAME, sign ? r->key_id : (char *)NULL);
+		SET(FSTI_CURLOPT_PASSWORD, sign ? r->secret : (char *)NULL);
+		SET(FSTI_CURLOPT_AWS_SIGV4, sign ? r->sigv4 : (char *)NULL);
+		c->signed_before = sign;
+	}
+#undef SET
+	if (rc)
+		return rc;
+	/* http and https only, redirects included; a libcurl older than 7.85
+	 * lacks the option (CURLE_UNKNOWN_OPTION), which is fine */
+	cu->curl_easy_setopt(h, FSTI_CURLOPT_PROTOCOLS_STR, "http,https");
+	cu->curl_easy_setopt(h, FSTI_CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+	return 0;
+}
+
+/* The request's headers: S3's payload hash and session token (both then
+ * signed: libcurl signs every header it is given), If-Match. NULL with
+ * *oom when out of memory. */
+static struct fsti_curl_slist *make_headers(const struct fsti_curl *cu,
+					    const struct fsti_remote *r, bool sign,
+					    const char *if_match, bool *oom)
+{
+	struct fsti_curl_slist *l = NULL, *next;
+	char line[4200];
+	*oom = false;
+#define ADD(s)                                                \
+	do {                                                  \
+		if (!(next = cu->curl_slist_append(l, s))) { \
+			*oom = true;                          \
+			goto fail;                            \
+		}                                             \
+		l = next;                                     \
+	} while (0)
+	if (sign) {
+		ADD("x-amz-content-sha256: UNSIGNED-PAYLOAD");
+		if (r->token) {
+			snprintf(line, sizeof line, "x-amz-security-token: %s", r->token);
+			ADD(line);
+		}
+	}
+	if (if_match) {
+		snprintf(line, sizeof line, "If-Match: %s", if_match);
+		ADD(line);
+	}
+	/* no "Expect: 100-continue", no compression: the bytes as stored */
+	ADD("Accept-Encoding: identity");
+#undef ADD
+	return l;
+fail:
+	cu->curl_slist_free_all(l);
+	return NULL;
+}
+
+static int perform(struct fsti_conn *c, const struct fsti_remote *r, bool sign, struct request *q,
+		   const char *if_match, fst_error *err)
+{
+	char range[64];
+	if (q->ranged)
+		snprintf(range, sizeof range, "%" PRIu64 "-%" PRIu64, q->off, q->off + q->len - 1);
+	bool oom;
+	struct fsti_curl_slist *headers = make_headers(c->cu, r, sign, if_match, &oom);
+	if (oom)
+		return fsti_err(err, FST_ENOMEM, "out of memory for a request's headers");
+	c->error[0] = '\0';
+	int code = set_options(c, r, sign, q, q->ranged ? range : NULL, headers);
+	if (code) {
+		c->cu->curl_slist_free_all(headers);
+		return fsti_err_backend(err, FST_EUNSUPPORTED, code,
+					"libcurl %s refused an option: %s (libcurl 7.75 or newer "
+					"is needed, for AWS SigV4)",
+					c->cu->path, c->cu->curl_easy_strerror(code));
+	}
+	code = c->cu->curl_easy_perform(c->h);
+	c->cu->curl_easy_setopt(c->h, FSTI_CURLOPT_HTTPHEADER, (void *)NULL);
+	c->cu->curl_slist_free_all(headers);
+	return code; /* positive: libcurl's, for judge */
+}
+
+/* ---- what a response means */
+
+enum verdict { DONE, RETRY, FAIL };
+
+static const char *reason(long status)
+{
+	switch (status) {
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
+	case 404: return "Not Found";
+	case 408: return "Request Timeout";
+	case 412: return "Precondition Failed";
+	case 416: return "Range Not Satisfiable";
+	case 429: return "Too Many Requests";
+	case 500: return "Internal Server Error";
+	case 502: return "Bad Gateway";
+	case 503: return "Service Unavailable";
+	case 504: return "Gateway Timeout";
+	default: return "";
+	}
+}
+
+/* "<Tag>text</Tag>" of an S3 error body, into out. */
+static void xml_text(const char *body, const char *tag, char *out, size_t size)
+{
+	char open[40], close[40];
+	snprintf(open, sizeof open, "<%s>", tag);
+	snprintf(close, sizeof close, "</%s>", tag);
+	const char *a = strstr(body, open), *b = a ? strstr(a, close) : NULL;
+	out[0] = '\0';
+	if (a && b)
+		snprintf(out, size, "%.*s", (int)FSTI_MIN((size_t)(b - a - strlen(open)), size - 1),
+			 a + strlen(open));
+}
+
+struct target {
+	const char *name; /* as given */
+	const char *url;  /* as requested */
+	uint64_t off, len; /* the whole read, which may take several requests */
+};
+
+/* "NAME: bytes A-B" (the whole read), or "NAME". */
+static void where(char *buf, size_t size, const struct target *t, const struct request *q)
+{
+	if (q->ranged)
+		snprintf(buf, size, "%s: bytes %" PRIu64 "-%" PRIu64, t->name, t->off,
+			 t->off + t->len - 1);
+	else
+		snprintf(buf, size, "%s", t->name);
+}
+
+static int status_error(const struct target *t, const struct request *q, enum verdict *v,
+			fst_error *err)
+{
+	char at[600], code[64], msg[200], detail[300] = "", via[600] = "";
+	where(at, sizeof at, t, q);
+	xml_text(q->body, "Code", code, sizeof code);
+	xml_text(q->body, "Message", msg, sizeof msg);
+	if (code[0])
+		snprintf(detail, sizeof detail, " (%s%s%s)", code, msg[0] ? ": " : "", msg);
+	if (strcmp(t->name, t->url))
+		snprintf(via, sizeof via, " from %s", t->url);
+	long s = q->status;
+	*v = s == 408 || s == 429 || s >= 500 ? RETRY : FAIL;
+	int errnum = s == 404 ? ENOENT : s == 401 || s == 403 ? EACCES : 0;
+	int rc = fsti_err(err, FST_EIO, "%s: HTTP %ld%s%s%s%s", at, s, *reason(s) ? " " : "",
+			  reason(s), detail, via);
+	if (err)
+		err->sys_errno = errnum;
+	return rc;
+}
+
+/* Transport failures that another attempt may get past. */
+static bool transient(int code)
+{
+	switch (code) {
+	case FSTI_CURLE_COULDNT_CONNECT:
+	case FSTI_CURLE_WEIRD_SERVER_REPLY:
+	case FSTI_CURLE_HTTP2:
+	case FSTI_CURLE_PARTIAL_FILE:
+	case FSTI_CURLE_OPERATION_TIMEDOUT:
+	case FSTI_CURLE_GOT_NOTHING:
+	case FSTI_CURLE_SEND_ERROR:
+	case FSTI_CURLE_RECV_ERROR:
+	case FSTI_CURLE_HTTP2_STREAM:
+		return true;
+	default:
+		return false;
+	}
+}
+
+static int changed(const struct target *t, fst_error *err, const char *what, const char *was,
+		   const char *now)
+{
+	return fsti_err(err, FST_ECHANGED,
+			"%s: object changed during the load (its %s was %s, now %s); its bytes "
+			"cannot be trusted",
+			t->name, what, was, now);
+}
+
+/* The response's identity against o's; *learn: o's is taken from it (and
+ * *learn cleared). */
+static int check_identity(const struct target *t, struct fsti_object *o, bool *learn,
+			  const struct request *q, fst_error *err)
+{
+	if (!q->has_total)
+		return fsti_err(err, FST_EUNSUPPORTED,
+				"%s: the server answered HTTP %ld to a Range request without the "
+				"object's size (Content-Range)",
+				t->name, q->status);
+	if (*learn) {
+		*learn = false;
+		o->size = q->range_total;
+		snprintf(o->etag, sizeof o->etag, "%s", q->etag);
+		snprintf(o->last_modified, sizeof o->last_modified, "%s", q->last_modified);
+		return 0;
+	}
+	char was[32], now[32];
+	if (q->range_total != o->size) {
+		snprintf(was, sizeof was, "%" PRIu64 " bytes", o->size);
+		snprintf(now, sizeof now, "%" PRIu64, q->range_total);
+		return changed(t, err, "size", was, now);
+	}
+	if (o->etag[0] && strcmp(o->etag, q->etag))
+		return changed(t, err, "ETag", o->etag, q->etag[0] ? q->etag : "none");
+	if (o->last_modified[0] && strcmp(o->last_modified, q->last_modified))
+		return changed(t, err, "Last-Modified", o->last_modified,
+			       q->last_modified[0] ? q->last_modified : "none");
+	return 0;
+}
+
+/* What the attempt q (libcurl's code) came to: DONE (q->got bytes kept),
+ * RETRY or FAIL, with err set for the last two. */
+static enum verdict judge(struct fsti_conn *c, const struct target *t, struct fsti_object *o,
+			  bool *learnp, const struct request *q, int code, int *rc, fst_error *err)
+{
+	char at[600];
+	where(at, sizeof at, t, q);
+	*rc = 0;
+	bool learn = *learnp;
+	if (code == FSTI_CURLE_ABORTED_BY_CALLBACK && q->stop && atomic_load(q->stop)) {
+		*rc = fsti_err(err, FST_ECANCELED, "%s: cancelled", at);
+		return FAIL;
+	}
+	if (q->ignored_range) {
+		*rc = fsti_err(err, FST_EUNSUPPORTED,
+			       "%s: the server ignored the Range request (HTTP 200 with the whole "
+			       "object): fst reads remote files by byte ranges",
+			       at);
+		return FAIL;
+	}
+	if (q->ranged && (q->status == 206 || q->status == 416)) {
+		*rc = check_identity(t, o, learnp, q, err);
+		if (*rc)
+			return FAIL;
+	}
+	if (!q->ranged && q->too_long) {
+		*rc = fsti_err(err, FST_EIO, "%s: response longer than %zu bytes", at, q->max);
+		return FAIL;
+	}
+	if (q->bad_start || q->too_long) {
+		*rc = fsti_err(err, FST_EIO,
+			       "%s: the server answered with %s (Content-Range %" PRIu64 "-%" PRIu64
+			       "): not the bytes asked for",
+			       at, q->bad_start ? "other bytes" : "more bytes than asked",
+			       q->range_first, q->range_last);
+		return FAIL;
+	}
+	if (q->status == 412) {
+		*rc = fsti_err(err, FST_ECHANGED,
+			       "%s: object changed during the load (HTTP 412 Precondition Failed: "
+			       "its ETag is no longer %s); its bytes cannot be trusted",
+			       at, o->etag);
+		return FAIL;
+	}
+	if (q->status == 416 && !learn) {
+		*rc = fsti_err(err, FST_ECHANGED,
+			       "%s: object changed during the load (HTTP 416: it is shorter than the "
+			       "%" PRIu64 " bytes it had)",
+			       at, o->size);
+		return FAIL;
+	}
+	if (code == FSTI_CURLE_TOO_MANY_REDIRECTS) {
+		*rc = fsti_err(err, FST_EIO, "%s: more than %ld redirects (a redirect loop?)", at,
+			       MAX_REDIRS);
+		return FAIL;
+	}
+	if (code && code != FSTI_CURLE_WRITE_ERROR) {
+		enum verdict v = transient(code) ? RETRY : FAIL;
+		*rc = fsti_err_backend(err, FST_EIO, code, "%s: %s (libcurl error %d)", at,
+				       c->error[0] ? c->error : c->cu->curl_easy_strerror(code), code);
+		return v;
+	}
+	if (code == FSTI_CURLE_WRITE_ERROR) {
+		*rc = fsti_err(err, FST_ENOMEM, "%s: out of memory for the response", at);
+		return FAIL;
+	}
+	bool wanted = q->ranged ? q->status == 206 || (learn && q->status == 416) : q->status == 200;
+	if (!wanted) {
+		enum verdict v;
+		*rc = status_error(t, q, &v, err);
+		if (q->status < 400 && err)
+			snprintf(err->message + strlen(err->message),
+				 sizeof err->message - strlen(err->message),
+				 " (expected %s)", q->ranged ? "206 Partial Content" : "200 OK");
+		return v;
+	}
+	if (q->ranged && q->status == 206 && q->got != q->range_last - q->range_first + 1) {
+		*rc = fsti_err(err, FST_EIO,
+			       "%s: the server sent %" PRIu64 " of the %" PRIu64
+			       " bytes its Content-Range promised",
+			       at, q->got, q->range_last - q->range_first + 1);
+		return RETRY;
+	}
+	return DONE;
+}
+
+/* Attempts so far since the last progress, and when the first failed. */
+struct retry {
+	const struct fsti_remote *r;
+	int failures;
+	double since;
+};
+
+/* Wait before another attempt (exponential, jittered), unless the count
+ * or the time is spent, or stop is set: false then. */
+static bool backoff(struct retry *t, const atomic_int *stop)
+{
+	double now = fsti_now();
+	if (!t->failures++)
+		t->since = now;
+	if (t->failures > t->r->retries)
+		return false;
+	double ms = BACKOFF_FIRST_MS * (double)(1u << FSTI_MIN(t->failures - 1, 16));
+	ms = FSTI_MIN(ms, BACKOFF_MAX_MS) * (0.5 + 0.5 * ((double)rand() / RAND_MAX));
+	if ((now - t->since) * 1000 + ms > t->r->retry_time_ms)
+		return false;
+	for (double end = now + ms / 1000; fsti_now() < end;) {
+		if (stop && atomic_load(stop))
+			return false;
+		struct timespec ts = {0, 10 * 1000000};
+		nanosleep(&ts, NULL);
+	}
+	return true;
+}
+
+static void note_spent(const struct retry *t, fst_error *err)
+{
+	if (!err || !t->failures)
+		return;
+	size_t n = strlen(err->message);
+	snprintf(err->message + n, sizeof err->message - n, " (after %d attempt%s over %.1f s)",
+		 t->failures, t->failures == 1 ? "" : "s", fsti_now() - t->since);
+}
+
+/*
+ * Bytes [off, off + len) of o into dst, *got of them (all, unless learn and
+ * the object is shorter). learn: o's size and identity come from the first
+ * response, and no If-Match is sent.
+ */
+static int get_range(struct fsti_conn *c, struct fsti_object *o, bool learn, uint64_t off,
+		     uint64_t len, char *dst, uint64_t *got, const atomic_int *stop, fst_error *err)
+{
+	const struct target t = {o->name, o->url, off, len};
+	struct retry tries = {o->remote, 0, 0};
+	/* a weak ETag cannot be matched byte for byte: compared only */
+	const char *if_match = o->etag[0] && strncmp(o->etag, "W/", 2) ? o->etag : NULL;
+	uint64_t done = 0;
+	while (done < len) {
+		struct request q = {.url = o->url, .ranged = true, .off = off + done,
+				    .len = len - done, .dst = dst + done, .stop = stop};
+		int code = perform(c, o->remote, o->sign, &q, learn ? NULL : if_match, err);
+		if (code < 0)
+			return code;
+		int rc;
+		bool was_learning = learn;
+		enum verdict v = judge(c, &t, o, &learn, &q, code, &rc, err);
+		if (v == FAIL) {
+			note_spent(&tries, err);
+			return rc;
+		}
+		/* bytes that passed every check stay, whatever came after them */
+		done += q.got;
+		if (q.got)
+			tries.failures = 0;
+		if (was_learning && !learn) {
+			if_match = o->etag[0] && strncmp(o->etag, "W/", 2) ? o->etag : NULL;
+			if (off >= o->size)
+				break;
+			len = FSTI_MIN(len, o->size - off);
+		}
+		if (v == RETRY || !q.got) {
+			if (v == DONE)
+				fsti_err(err, FST_EIO, "%s: the server answered with no bytes", t.name);
+			if (!backoff(&tries, stop)) {
+				if (stop && atomic_load(stop))
+					return fsti_err(err, FST_ECANCELED, "%s: cancelled", t.name);
+				note_spent(&tries, err);
+				return err ? err->code : FST_EIO;
+			}
+		}
+	}
+	*got = done;
+	return 0;
+}
+
+int fsti_object_read(struct fsti_conn *c, const struct fsti_object *o, uint64_t off,
+		     uint64_t len, void *dst, const atomic_int *stop, fst_error *err)
+{
+	if (off > o->size || len > o->size - off)
+		return fsti_err(err, FST_ECHANGED,
+				"%s: read of %" PRIu64 " bytes at offset %" PRIu64
+				" past the end of the %" PRIu64 "-byte object",
+				o->name, len, off, o->size);
+	uint64_t got;
+	return len ? get_range(c, (struct fsti_object *)o, false, off, len, dst, &got, stop, err)
+		   : 0;
+}
+
+/* The http(s) URL that name is requested at, and whether it is signed. */
+static int request_url(struct fsti_remote *r, const char *name, char **url, bool *sign,
+		       fst_error *err)
+{
+	*sign = false;
+	if (fsti_url_kind(name) != FSTI_URL_S3) {
+		*url = fsti_strdup(name);
+		return *url ? 0 : fsti_err(err, FST_ENOMEM, "out of memory");
+	}
+	char *bucket, *key;
+	int rc = fsti_s3_split(name, &bucket, &key, err);
+	if (rc)
+		return rc;
+	char *enc = fsti_url_encode(key, true);
+	*url = enc ? fsti_remote_s3_url(r, bucket, enc, NULL) : NULL;
+	*sign = r->sign;
+	fsti_free(enc);
+	fsti_free(bucket);
+	fsti_free(key);
+	return *url ? 0 : fsti_err(err, FST_ENOMEM, "out of memory");
+}
+
+int fsti_object_open(struct fsti_conn *c, struct fsti_remote *r, const char *name, uint64_t want,
+		     char **head, uint64_t *got, struct fsti_object **out, fst_error *err)
+{
+	*out = NULL;
+	*head = NULL;
+	struct fsti_object *o = fsti_calloc(1, sizeof *o);
+	char *buf = fsti_malloc(want ? want : 1);
+	if (!o || !buf || !(o->name = fsti_strdup(name))) {
+		fsti_free(buf);
+		fsti_object_free(o);
+		return fsti_err(err, FST_ENOMEM, "%s: out of memory", name);
+	}
+	o->remote = fsti_remote_ref(r);
+	int rc = request_url(r, name, &o->url, &o->sign, err);
+	if (!rc)
+		rc = get_range(c, o, true, 0, want, buf, got, NULL, err);
+	if (rc) {
+		fsti_free(buf);
+		fsti_object_free(o);
+		return rc;
+	}
+	fsti_log(FST_LOG_DEBUG, "%s: %" PRIu64 " bytes, ETag %s, Last-Modified %s, at %s (%s)", name,
+		 o->size, o->etag[0] ? o->etag : "none",
+		 o->last_modified[0] ? o->last_modified : "none", o->url, o->sign ? r->why : "unsigned");
+	*head = buf;
+	*out = o;
+	return 0;
+}
+
+int fsti_http_get_all(struct fsti_conn *c, struct fsti_remote *r, bool sign, const char *name,
+		      const char *url, size_t max, char **body, size_t *len, fst_error *err)
+{
+	const struct target t = {name, url, 0, 0};
+	struct retry tries = {r, 0, 0};
+	struct fsti_object none = {.name = (char *)name, .url = (char *)url, .remote = r};
+	*body = NULL;
+	for (;;) {
+		char *buf = NULL;
+		struct request q = {.url = url, .grow = &buf, .max = max};
+		int code = perform(c, r, sign, &q, NULL, err);
+		if (code < 0)
+			return code;
+		int rc;
+		bool learn = true;
+		enum verdict v = judge(c, &t, &none, &learn, &q, code, &rc, err);
+		if (v == DONE) {
+			*body = buf ? buf : fsti_strdup("");
+			*len = (size_t)q.got;
+			return *body ? 0 : fsti_err(err, FST_ENOMEM, "out of memory");
+		}
+		fsti_free(buf);
+		if (v == FAIL || !backoff(&tries, NULL)) {
+			note_spent(&tries, err);
+			return rc;
+		}
+	}
+}
+
+int fsti_object_fetch(struct fsti_conn *c, struct fsti_remote *r, const char *name, size_t max,
+		      char **body, size_t *len, fst_error *err)
+{
+	*body = NULL;
+	char *buf;
+	uint64_t got;
+	struct fsti_object *o;
+	int rc = fsti_object_open(c, r, name, FSTI_MIN((uint64_t)max, (uint64_t)1 << 20), &buf, &got,
+				  &o, err);
+	if (rc)
+		return rc;
+	if (o->size > max) {
+		rc = fsti_err(err, FST_EFORMAT, "%s: %" PRIu64 " bytes, more than the %zu read of such a file",
+			      name, o->size, max);
+	} else {
+		char *grown = fsti_realloc(buf, (size_t)o->size + 1);
+		if (!grown) {
+			rc = fsti_err(err, FST_ENOMEM, "%s: out of memory", name);
+		} else {
+			buf = grown;
+			rc = fsti_object_read(c, o, got, o->size - got, buf + got, NULL, err);
+			buf[o->size] = '\0';
+			*len = (size_t)o->size;
+		}
+	}
+	fsti_object_free(o);
+	if (rc)
+		fsti_free(buf);
+	else
+		*body = buf;
+	return rc;
+}
