@@ -1,6 +1,8 @@
 /*
  * checkpoint.c - one tensor table over one or more safetensors files: a
- * single file, a directory, or a model.safetensors.index.json.
+ * single file, a directory, or a model.safetensors.index.json; local, or
+ * remote (an S3 folder is a directory, listed; shards of a remote index are
+ * beside it, as they are locally).
  */
 #include "format.h"
 
@@ -26,6 +28,12 @@ struct fst_checkpoint {
 	size_t ntensors;
 	uint64_t total_bytes;
 	fsti_names by_name;
+	/* while a remote checkpoint is being opened: its configuration and
+	 * the one connection every request of the open goes through */
+	struct fsti_remote *remote;
+	struct fsti_conn *conn;
+	char *const *present; /* a listed S3 folder's names, for the index check */
+	size_t npresent;
 };
 
 static const char *entry_name(const void *ctx, size_t i)
@@ -116,6 +124,8 @@ int fst_checkpoint_from_files(fst_file **files, size_t count, fst_checkpoint **o
 
 static char *join_path(const char *dir, const char *name)
 {
+	if (fsti_url_kind(dir))
+		return fsti_url_beside(dir, name);
 	size_t n = strlen(dir) + strlen(name) + 2;
 	char *p = fsti_malloc(n);
 	if (p)
@@ -260,25 +270,34 @@ static int check_shard_sets(const char *where, char *const *names, size_t n, fst
 
 /* Shards beside an index that the index does not name are not loaded: say
  * so, since a stale or hand-edited index would otherwise drop them unseen. */
-static void report_unlisted_shards(const char *index_path, const char *dir, char *const *listed,
-				   size_t nlisted)
+static void count_unlisted(const char *name, char *const *listed, size_t nlisted, size_t *extra,
+			   char *first, size_t size)
 {
-	DIR *d = opendir(dir);
-	if (!d)
+	if (name[0] == '.' || !ends_with(name, ".safetensors") ||
+	    bsearch(&name, listed, nlisted, sizeof *listed, cmp_str))
 		return;
+	if (!(*extra)++)
+		snprintf(first, size, "%s", name);
+}
+
+/* (A remote index opened by its own URL has no folder listing to check.) */
+static void report_unlisted_shards(const fst_checkpoint *c, const char *index_path,
+				   const char *dir, char *const *listed, size_t nlisted)
+{
 	size_t extra = 0;
 	char first[256] = "";
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (e->d_name[0] == '.' || !ends_with(e->d_name, ".safetensors"))
-			continue;
-		const char *name = e->d_name;
-		if (bsearch(&name, listed, nlisted, sizeof *listed, cmp_str))
-			continue;
-		if (!extra++)
-			snprintf(first, sizeof first, "%s", name);
+	if (c->remote) {
+		for (size_t i = 0; i < c->npresent; i++)
+			count_unlisted(c->present[i], listed, nlisted, &extra, first, sizeof first);
+	} else {
+		DIR *d = opendir(dir);
+		if (!d)
+			return;
+		struct dirent *e;
+		while ((e = readdir(d)))
+			count_unlisted(e->d_name, listed, nlisted, &extra, first, sizeof first);
+		closedir(d);
 	}
-	closedir(d);
 	if (extra)
 		fsti_log(FST_LOG_WARN,
 			 "%s: %zu *.safetensors file%s in %s %s not in the index and %s not "
@@ -292,7 +311,8 @@ static int add_file(fst_checkpoint *c, const char *path, size_t cap, fst_error *
 	if (!c->files && !(c->files = fsti_calloc(cap, sizeof *c->files)))
 		return fsti_err(err, FST_ENOMEM, "out of memory");
 	fst_file *f;
-	int rc = fst_file_open(path, &f, err);
+	int rc = c->remote ? fsti_file_open_remote(path, c->remote, c->conn, &f, err)
+			   : fst_file_open(path, &f, err);
 	if (rc)
 		return rc;
 	c->files[c->nfiles++] = f;
@@ -302,14 +322,28 @@ static int add_file(fst_checkpoint *c, const char *path, size_t cap, fst_error *
 /* The index's JSON. Opened here rather than by json_load_file, which keeps
  * no errno: the caller tells a missing index from an unreadable one by
  * sys_errno. */
-static int load_index(const char *index_path, json_t **root, fst_error *err)
+/* An index larger than this is no index (a 100,000-tensor one is ~10 MB). */
+#define INDEX_MAX (256u << 20)
+
+static int load_index(const fst_checkpoint *c, const char *index_path, json_t **root,
+		      fst_error *err)
 {
-	FILE *fp = fopen(index_path, "rbe");
-	if (!fp)
-		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", index_path);
 	json_error_t jerr;
-	*root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
-	fclose(fp);
+	if (c->remote) {
+		char *text;
+		size_t len;
+		int rc = fsti_object_fetch(c->conn, c->remote, index_path, INDEX_MAX, &text, &len, err);
+		if (rc)
+			return rc;
+		*root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+		fsti_free(text);
+	} else {
+		FILE *fp = fopen(index_path, "rbe");
+		if (!fp)
+			return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", index_path);
+		*root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
+		fclose(fp);
+	}
 	if (!*root)
 		return fsti_err(err, FST_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)",
 				index_path, jerr.text, jerr.line, jerr.column);
@@ -372,8 +406,17 @@ static int open_shard(fst_checkpoint *c, const char *index_path, const char *dir
 		return fsti_err(err, FST_ENOMEM, "out of memory");
 	int rc;
 	struct stat st;
-	if (stat(p, &st)) {
-		int e = errno;
+	fst_error gone;
+	/* a remote shard is missing when its GET says so (404) */
+	int missing = c->remote ? 0 : stat(p, &st) ? errno : 0;
+	if (c->remote) {
+		rc = add_file(c, p, cap, &gone);
+		if (rc == FST_EIO && gone.sys_errno == ENOENT)
+			missing = ENOENT;
+		else if (rc && err)
+			*err = gone;
+	}
+	if (missing) {
 		const char *example = "", *tname;
 		json_t *v;
 		json_object_foreach(map, tname, v)
@@ -381,9 +424,11 @@ static int open_shard(fst_checkpoint *c, const char *index_path, const char *dir
 				example = tname;
 				break;
 			}
-		rc = fsti_err_sys(err, FST_EFORMAT, e,
+		rc = fsti_err_sys(err, FST_EFORMAT, missing,
 				  "%s: shard \"%s\" (of tensor \"%s\") is missing: %s", index_path,
-				  shard, example, p);
+				  shard, example, c->remote ? gone.message : p);
+	} else if (c->remote) {
+		/* opened above */
 	} else if (S_ISDIR(st.st_mode)) {
 		/* "." or a subdirectory: the index is at fault (FST_EFORMAT), not
 		 * the caller, as fst_file_open's FST_EUSAGE would say. */
@@ -450,7 +495,7 @@ static int open_mapped(fst_checkpoint *c, const char *index_path, const char *di
 		return rc;
 	rc = check_shard_sets(index_path, shards, n, err);
 	if (!rc)
-		report_unlisted_shards(index_path, dir, shards, n);
+		report_unlisted_shards(c, index_path, dir, shards, n);
 	for (size_t i = 0; i < n && !rc; i++)
 		rc = open_shard(c, index_path, dir, map, shards[i], n, err);
 	if (!rc)
@@ -468,7 +513,7 @@ static int open_index(fst_checkpoint *c, const char *index_path, const char *dir
 	if (!(c->index_path = fsti_strdup(index_path)))
 		return fsti_err(err, FST_ENOMEM, "out of memory");
 	json_t *root;
-	int rc = load_index(index_path, &root, err);
+	int rc = load_index(c, index_path, &root, err);
 	if (rc)
 		return rc;
 	rc = open_mapped(c, index_path, dir, root, err);
@@ -508,29 +553,48 @@ static int list_add(struct listing *l, const char *name, fst_error *err)
 	return 0;
 }
 
-/* The directory's entries into l; names starting with '.' are skipped. */
-static int list_directory(DIR *d, struct listing *l, fst_error *err)
+/* One entry of a directory into l; names starting with '.' are skipped. */
+static int list_entry(struct listing *l, const char *name, fst_error *err)
 {
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		const char *name = e->d_name;
-		if (name[0] == '.')
-			continue;
-		if (ends_with(name, ".safetensors.index.json")) {
-			l->nindex++;
-			if (!l->index || !strcmp(name, "model.safetensors.index.json")) {
-				fsti_free(l->index);
-				l->index = fsti_strdup(name);
-				if (!l->index)
-					return fsti_err(err, FST_ENOMEM, "out of memory");
-			}
-		} else if (ends_with(name, ".safetensors")) {
-			int rc = list_add(l, name, err);
-			if (rc)
-				return rc;
+	if (name[0] == '.')
+		return 0;
+	if (ends_with(name, ".safetensors.index.json")) {
+		l->nindex++;
+		if (!l->index || !strcmp(name, "model.safetensors.index.json")) {
+			fsti_free(l->index);
+			l->index = fsti_strdup(name);
+			if (!l->index)
+				return fsti_err(err, FST_ENOMEM, "out of memory");
 		}
+	} else if (ends_with(name, ".safetensors")) {
+		return list_add(l, name, err);
 	}
 	return 0;
+}
+
+/* A folder's entries into l: readdir, or an S3 listing. */
+static int list_folder(fst_checkpoint *c, const char *dir, struct listing *l, char ***names,
+		       size_t *n, fst_error *err)
+{
+	int rc = 0;
+	*names = NULL;
+	*n = 0;
+	if (c->remote) {
+		rc = fsti_s3_list(c->conn, c->remote, dir, names, n, err);
+		for (size_t i = 0; i < *n && !rc; i++)
+			rc = list_entry(l, (*names)[i], err);
+		c->present = *names;
+		c->npresent = *n;
+		return rc;
+	}
+	DIR *d = opendir(dir);
+	if (!d)
+		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open directory", dir);
+	struct dirent *e;
+	while (!rc && (e = readdir(d)))
+		rc = list_entry(l, e->d_name, err);
+	closedir(d);
+	return rc;
 }
 
 /* A directory with an index: the index says what is loaded. */
@@ -552,16 +616,15 @@ static int open_listed_index(fst_checkpoint *c, const char *dir, const struct li
 
 static int open_directory(fst_checkpoint *c, const char *dir, fst_error *err)
 {
-	DIR *d = opendir(dir);
-	if (!d)
-		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open directory", dir);
 	struct listing l = {0};
-	int rc = list_directory(d, &l, err);
-	closedir(d);
+	char **names;
+	size_t nnames;
+	int rc = list_folder(c, dir, &l, &names, &nnames, err);
 	if (!rc && l.index) {
 		rc = open_listed_index(c, dir, &l, err);
 	} else if (!rc && !l.n) {
-		rc = fsti_err(err, FST_EFORMAT, "%s: directory holds no *.safetensors files", dir);
+		rc = fsti_err(err, FST_EFORMAT, "%s: %s holds no *.safetensors files", dir,
+			      c->remote ? "the S3 folder" : "directory");
 	} else if (!rc) {
 		qsort(l.names, l.n, sizeof *l.names, cmp_str);
 		rc = check_shard_sets(dir, l.names, l.n, err);
@@ -574,10 +637,68 @@ static int open_directory(fst_checkpoint *c, const char *dir, fst_error *err)
 			rc = build_table(c, err);
 	}
 	listing_free(&l);
+	for (size_t i = 0; i < nnames; i++)
+		fsti_free(names[i]);
+	fsti_free(names);
+	c->present = NULL;
+	c->npresent = 0;
+	return rc;
+}
+
+/* The folder of an index, where its shards are. */
+static int open_index_path(fst_checkpoint *c, const char *path, fst_error *err)
+{
+	if (c->remote)
+		return open_index(c, path, path, err); /* shards beside it: fsti_url_beside */
+	char *dir = fsti_strdup(path);
+	if (!dir)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	char *slash = strrchr(dir, '/');
+	if (slash)
+		slash[slash == dir ? 1 : 0] = '\0';
+	int rc = open_index(c, path, slash ? dir : ".", err);
+	fsti_free(dir);
+	return rc;
+}
+
+/* A checkpoint at a URL: one configuration and one connection for every
+ * request of the open. Folders can be listed on S3 only. */
+static int open_remote(fst_checkpoint *c, const char *url, const fst_open_opts *opts,
+		       fst_error *err)
+{
+	bool s3 = fsti_url_kind(url) == FSTI_URL_S3;
+	if (!s3 && fsti_url_is_folder(url))
+		return fsti_err(err, FST_EUSAGE,
+				"%s: an http(s) URL names a .safetensors file or an index (.json); "
+				"only S3 folders (s3://BUCKET/PREFIX/) can be listed",
+				url);
+	int rc = fsti_remote_new(opts, s3, &c->remote, err);
+	if (!rc)
+		rc = fsti_conn_new(&c->conn, err);
+	if (!rc) {
+		fsti_log(FST_LOG_INFO, "%s: %s", url, c->remote->why);
+		if (fsti_url_is_folder(url))
+			rc = open_directory(c, url, err);
+		else if (ends_with(url, ".json"))
+			rc = open_index_path(c, url, err);
+		else if (!(rc = add_file(c, url, 1, err)))
+			rc = build_table(c, err);
+	}
+	/* each file keeps its own reference to the configuration */
+	fsti_conn_free(c->conn);
+	fsti_remote_unref(c->remote);
+	c->conn = NULL;
+	c->remote = NULL;
 	return rc;
 }
 
 int fst_checkpoint_open(const char *path, fst_checkpoint **out, fst_error *err)
+{
+	return fst_checkpoint_open_ex(path, NULL, out, err);
+}
+
+int fst_checkpoint_open_ex(const char *path, const fst_open_opts *opts, fst_checkpoint **out,
+			   fst_error *err)
 {
 	fsti_err_clear(err);
 	if (!path || !out)
@@ -588,21 +709,14 @@ int fst_checkpoint_open(const char *path, fst_checkpoint **out, fst_error *err)
 		return FST_ENOMEM;
 	struct stat st;
 	int rc;
-	if (stat(path, &st)) {
+	if (fsti_url_kind(path)) {
+		rc = open_remote(c, path, opts, err);
+	} else if (stat(path, &st)) {
 		rc = fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", path);
 	} else if (S_ISDIR(st.st_mode)) {
 		rc = open_directory(c, path, err);
 	} else if (ends_with(path, ".json")) {
-		char *dir = fsti_strdup(path);
-		if (!dir) {
-			rc = fsti_err(err, FST_ENOMEM, "out of memory");
-		} else {
-			char *slash = strrchr(dir, '/');
-			if (slash)
-				slash[slash == dir ? 1 : 0] = '\0';
-			rc = open_index(c, path, slash ? dir : ".", err);
-			fsti_free(dir);
-		}
+		rc = open_index_path(c, path, err);
 	} else {
 		rc = add_file(c, path, 1, err);
 		if (!rc)

@@ -17,6 +17,10 @@ static void file_free(fst_file *f)
 		return;
 	if (f->fd >= 0)
 		close(f->fd);
+	if (f->remote)
+		pthread_mutex_destroy(&f->conn_lock);
+	fsti_conn_free(f->conn);
+	fsti_object_free(f->remote);
 	for (size_t i = 0; i < f->nmeta; i++) {
 		fsti_free(f->meta_keys[i]);
 		fsti_free(f->meta_values[i]);
@@ -103,6 +107,8 @@ static uint64_t timespec_ns(const struct timespec *t)
 
 int fsti_file_check_unchanged(const fst_file *f, const char *when, fst_error *err)
 {
+	/* memory images cannot change; remote files are checked on every
+	 * response instead (net/http.c) */
 	if (f->fd < 0)
 		return 0;
 	struct stat st;
@@ -199,12 +205,85 @@ static int open_from_fd(fst_file *f, fst_error *err)
 	return rc;
 }
 
+/* A remote file's header: a first GET of HEAD_GUESS bytes holds it for
+ * nearly every checkpoint (a large model's header is a few hundred KiB);
+ * longer ones take a second GET of the rest. */
+#define HEAD_GUESS (1u << 20)
+
+int fsti_file_open_remote(const char *url, struct fsti_remote *r, struct fsti_conn *c,
+			  fst_file **out, fst_error *err)
+{
+	*out = NULL;
+	fst_file *f = file_new(url, err);
+	if (!f)
+		return FST_ENOMEM;
+	pthread_mutex_init(&f->conn_lock, NULL);
+	char *head = NULL;
+	uint64_t got = 0, hlen = 0;
+	int rc = fsti_object_open(c, r, url, HEAD_GUESS, &head, &got, &f->remote, err);
+	if (rc) {
+		pthread_mutex_destroy(&f->conn_lock);
+		file_free(f);
+		return rc;
+	}
+	f->size = f->remote->size;
+	rc = check_lengths(url, f->size, (const unsigned char *)head, &hlen, err);
+	if (!rc && 8 + hlen > got) {
+		char *grown = fsti_realloc(head, (size_t)(8 + hlen));
+		if (!grown)
+			rc = fsti_err(err, FST_ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header",
+				      url, hlen);
+		else
+			head = grown;
+		if (!rc)
+			rc = fsti_object_read(c, f->remote, got, 8 + hlen - got, head + got, NULL, err);
+	}
+	if (!rc) {
+		f->data_offset = 8 + hlen;
+		rc = fsti_parse_header(f, url, head + 8, hlen, f->size - f->data_offset, err);
+	}
+	fsti_free(head);
+	if (rc) {
+		file_free(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
+}
+
+/* A configuration and a connection for one URL opened on its own. */
+static int open_url(const char *url, const fst_open_opts *opts, fst_file **out, fst_error *err)
+{
+	struct fsti_remote *r;
+	struct fsti_conn *c;
+	int rc = fsti_remote_new(opts, fsti_url_kind(url) == FSTI_URL_S3, &r, err);
+	if (rc)
+		return rc;
+	rc = fsti_conn_new(&c, err);
+	if (!rc) {
+		rc = fsti_file_open_remote(url, r, c, out, err);
+		if (!rc)
+			(*out)->conn = c; /* kept for fst_file_read */
+		else
+			fsti_conn_free(c);
+	}
+	fsti_remote_unref(r);
+	return rc;
+}
+
 int fst_file_open(const char *path, fst_file **out, fst_error *err)
+{
+	return fst_file_open_ex(path, NULL, out, err);
+}
+
+int fst_file_open_ex(const char *path, const fst_open_opts *opts, fst_file **out, fst_error *err)
 {
 	fsti_err_clear(err);
 	if (!path || !out)
 		return fsti_err(err, FST_EUSAGE, "fst_file_open: path and out are required");
 	*out = NULL;
+	if (fsti_url_kind(path))
+		return open_url(path, opts, out, err);
 	fst_file *f = file_new(path, err);
 	if (!f)
 		return FST_ENOMEM;
@@ -281,6 +360,55 @@ int fst_file_open_memory(const void *data, size_t size, const char *name, fst_fi
 	}
 	*out = f;
 	return 0;
+}
+
+int fst_file_is_remote(const fst_file *f) { return f && f->remote; }
+
+int fst_file_read(const fst_file *f, uint64_t off, void *dst, uint64_t len, fst_error *err)
+{
+	fsti_err_clear(err);
+	if (!f || (!dst && len))
+		return fsti_err(err, FST_EUSAGE, "fst_file_read: file and dst are required");
+	if (off > f->size || len > f->size - off)
+		return fsti_err(err, FST_ECHANGED,
+				"%s: read of %" PRIu64 " bytes at offset %" PRIu64
+				" past the end of the %" PRIu64 "-byte file",
+				f->path, len, off, f->size);
+	if (f->mem) {
+		memcpy(dst, f->mem + off, (size_t)len);
+		return 0;
+	}
+	if (!f->remote) {
+		int64_t got = pread_full(f->fd, dst, (size_t)len, off);
+		if (got < 0)
+			return fsti_err_sys(err, FST_EIO, (int)-got,
+					    "%s: read of %" PRIu64 " bytes at offset %" PRIu64 " failed",
+					    f->path, len, off);
+		if ((uint64_t)got < len)
+			return fsti_err(err, FST_ECHANGED,
+					"%s: file ended at offset %" PRIu64 " while %" PRIu64
+					" more bytes were expected (file truncated?)",
+					f->path, off + (uint64_t)got, len - (uint64_t)got);
+		return 0;
+	}
+	/* the file's connection while no other thread has it, else one of this
+	 * call's own */
+	fst_file *m = (fst_file *)f;
+	if (!pthread_mutex_trylock(&m->conn_lock)) {
+		int rc = 0;
+		if (!m->conn)
+			rc = fsti_conn_new(&m->conn, err);
+		if (!rc)
+			rc = fsti_object_read(m->conn, f->remote, off, len, dst, NULL, err);
+		pthread_mutex_unlock(&m->conn_lock);
+		return rc;
+	}
+	struct fsti_conn *c;
+	int rc = fsti_conn_new(&c, err);
+	if (!rc)
+		rc = fsti_object_read(c, f->remote, off, len, dst, NULL, err);
+	fsti_conn_free(c);
+	return rc;
 }
 
 const char *fst_file_path(const fst_file *f) { return f->path; }

@@ -6,6 +6,9 @@
 #define FST_FORMAT_H
 
 #include "base.h"
+#include "net.h"
+
+#include <pthread.h>
 
 /* ---- format (format.c) */
 
@@ -28,6 +31,13 @@ struct fst_file {
 	 * status change time moves on every write, even one that puts the
 	 * modification time back (rsync --inplace -t, touch -d) */
 	uint64_t dev, ino, mtime_ns, ctime_ns, nlink;
+	/* a remote file (fd -1, mem NULL): the object and its identity, the
+	 * size, ETag and Last-Modified that every response is checked against;
+	 * a connection kept for fst_file_read (the loader's workers have their
+	 * own) */
+	struct fsti_object *remote;
+	struct fsti_conn *conn;
+	pthread_mutex_t conn_lock;
 	size_t ntensors;
 	struct fsti_tensor *tensors; /* sorted by (begin, end) */
 	size_t nmeta;
@@ -50,6 +60,10 @@ void fsti_tensor_info(const fst_file *f, size_t i, fst_tensor_info *out);
  * still shows the size, modification and status change times it had when
  * it was opened; memory images always pass (file.c). */
 int fsti_file_check_unchanged(const fst_file *f, const char *when, fst_error *err);
+/* Open the remote file url with r's configuration over connection c. */
+int fsti_file_open_remote(const char *url, struct fsti_remote *r, struct fsti_conn *c,
+			  fst_file **out, fst_error *err);
+
 /* fsti_name_of over an fst_file's tensors (ctx is the file). */
 const char *fsti_tensor_name_of(const void *ctx, size_t i);
 

@@ -9,6 +9,7 @@
 #include "format.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 /* ---- readers (pread.c, uring.c) */
 
@@ -21,6 +22,9 @@ struct fsti_direct_fds;
 struct fsti_source {
 	const fst_checkpoint *ck;
 	struct fsti_direct_fds *direct;
+	/* nonzero once the load stops (an error, a cancel): readers that wait
+	 * on a network abort what is in flight */
+	const atomic_int *stop;
 };
 
 /*
@@ -70,6 +74,14 @@ struct fsti_reader {
 
 extern const struct fsti_reader fsti_reader_pread;
 extern const struct fsti_reader fsti_reader_uring;
+/* Ranged GETs, one connection per worker, for checkpoints with remote files
+ * (remote.c); local files among them are read with pread. */
+extern const struct fsti_reader fsti_reader_remote;
+/* Whether any file of ck is remote. */
+bool fsti_checkpoint_is_remote(const fst_checkpoint *ck);
+/* The remote reader's defaults (docs/remote.md, "Measured"). */
+#define FSTI_REMOTE_THREADS 16u
+#define FSTI_REMOTE_CHUNK (8ull << 20)
 /* Whether io_uring can be set up here (some sandboxes forbid it); cached. */
 bool fsti_uring_available(void);
 

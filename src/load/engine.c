@@ -222,6 +222,31 @@ static void join_workers(struct fsti_engine *e)
 	e->started = 0;
 }
 
+/* Remote files have one reader, ranged GETs; never cuFile, never a
+ * mapping. */
+static int choose_remote(struct fsti_engine *e, const fst_load_opts *asked, fst_error *err)
+{
+	static const char *const names[] = {"auto", "pread", "uring", "mmap"};
+	const char *url = fsti_engine_path(e, 0);
+	if (e->opts.io != FST_IO_AUTO)
+		return fsti_err(err, FST_EUSAGE,
+				"io=%s reads local files, and %s is remote: it is read with ranged "
+				"GETs (io=auto)",
+				names[e->opts.io], url);
+	if (e->opts.gds == FST_GDS_ON)
+		return fsti_err(err, FST_EUSAGE,
+				"gds=on: %s is remote, and GPUDirect Storage reads local files only", url);
+	e->opts.gds = FST_GDS_OFF;
+	e->reader = &fsti_reader_remote;
+	/* concurrency and request size are the network's, not the CPUs' */
+	if (!asked || !asked->threads)
+		e->opts.threads = FSTI_REMOTE_THREADS;
+	if (!asked || !asked->chunk_bytes)
+		e->opts.chunk_bytes = FSTI_REMOTE_CHUNK;
+	snprintf(e->why, sizeof e->why, "auto: remote files");
+	return 0;
+}
+
 static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 {
 	char pct[96] = "";
@@ -349,7 +374,8 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 			rc = fsti_unified_decide(e, err);
 	}
 	if (!rc)
-		rc = choose_io(e, e->device_type, err);
+		rc = fsti_checkpoint_is_remote(ck) ? choose_remote(e, opts, err)
+						   : choose_io(e, e->device_type, err);
 	if (!rc)
 		rc = check_files_unchanged(ck, "since it was opened", err);
 	/* pread into host memory needs nothing in between; everything else
@@ -481,6 +507,7 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 	e->ready = fsti_calloc(e->plan.nt + 1, sizeof *e->ready);
 	e->remaining = fsti_calloc(e->plan.nt + 1, sizeof *e->remaining);
 	e->src.ck = ck;
+	e->src.stop = &e->stop;
 	e->src.direct = fsti_direct_fds_new(fst_checkpoint_file_count(ck));
 	if (!e->ready || !e->remaining || !e->src.direct) {
 		rc = fsti_err(err, FST_ENOMEM, "out of memory for the loader");
