@@ -260,7 +260,7 @@ static double fst_once(const char *path, const fst_load_opts *lo, const char *ma
 	fst_buffer *buf = NULL;
 	fst_error err;
 	size_t nchecked = 0;
-	*rc = fst_checkpoint_open(path, &ck, &err);
+	*rc = cli_open_checkpoint(path, &ck, &err);
 	if (!*rc) {
 		*rc = manifest ? cli_load_checked(ck, lo, manifest, &buf, &nchecked, &err)
 			       : fst_load(ck, lo, &buf, &err);
@@ -428,6 +428,8 @@ struct bench {
 	fst_load_opts lo;
 	uint64_t runs;
 	bool cold, reference, as_json;
+	bool remote; /* URLs: no local limit, no page cache; the load rows only */
+	size_t nfiles;
 	struct files fs;
 	uint64_t tensor_bytes;
 	unsigned threads;
@@ -526,7 +528,7 @@ static int prepare(struct bench *b)
 		return rc;
 	fst_checkpoint *ck;
 	fst_error err;
-	if (fst_checkpoint_open(b->path, &ck, &err)) {
+	if (cli_open_checkpoint(b->path, &ck, &err)) {
 		cli_error("bench", "%s", err.message);
 		return cli_exit_code(err.code);
 	}
@@ -541,7 +543,16 @@ static int prepare(struct bench *b)
 		return cli_exit_code(err.code);
 	}
 	b->tensor_bytes = fst_checkpoint_total_bytes(ck);
-	rc = collect_files(ck, &b->fs);
+	b->remote = fst_file_is_remote(fst_checkpoint_file(ck, 0));
+	b->nfiles = fst_checkpoint_file_count(ck);
+	rc = b->remote ? EXIT_OK : collect_files(ck, &b->fs);
+	if (b->remote) {
+		for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++)
+			b->fs.total += fst_file_size(fst_checkpoint_file(ck, i));
+		/* room for the reused-memory load: the tensors, each aligned */
+		b->span = (b->tensor_bytes + 256 * (uint64_t)fst_checkpoint_tensor_count(ck) +
+			   (32u << 20)) & ~(uint64_t)((16u << 20) - 1);
+	}
 	fst_checkpoint_close(ck);
 	if (rc) {
 		cli_error("bench", "out of memory");
@@ -549,6 +560,7 @@ static int prepare(struct bench *b)
 	}
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	b->threads = b->lo.threads ? b->lo.threads
+		     : b->remote   ? 16 /* the library's default connections for URLs */
 				   : (unsigned)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
 	return EXIT_OK;
 }
@@ -695,6 +707,18 @@ static void measure_cold(struct bench *b)
 /* Every row, in the order measured; each step after a failure is skipped. */
 static void measure(struct bench *b)
 {
+	if (b->remote) {
+		/* the network is the limit: bench/remote.py measures it beside curl */
+		static const char *const rows[] = {"plain sequential read (warm)",
+						   "parallel pread limit (warm)"};
+		for (int i = 0; i < 2; i++)
+			add_row(b, rows[i], 0, "skipped: remote files (bench/remote.py compares with curl)");
+		if (!strncmp(b->device, "cuda", 4))
+			measure_copy_limit(b);
+		b->warm_resident = b->cold_resident = -1;
+		measure_fst_warm(b);
+		return;
+	}
 	measure_limits(b);
 	measure_fst_warm(b);
 	if (b->reference && b->rc == EXIT_OK)
@@ -708,8 +732,13 @@ static void print_header(const struct bench *b)
 {
 	char hb[32];
 	printf("bench %s on %s: %zu files, %s; %u threads; best of %" PRIu64 " warm runs\n",
-	       b->path, b->device, b->fs.n, cli_human_bytes(hb, sizeof hb, b->fs.total),
+	       b->path, b->device, b->nfiles, cli_human_bytes(hb, sizeof hb, b->fs.total),
 	       b->threads, b->runs);
+	if (b->remote) {
+		printf("remote files: no page cache, no cold runs\n");
+		printf("%-38s %9s %9s  %s\n", "measurement", "seconds", "GB/s", "notes");
+		return;
+	}
 	char warm[16] = "unknown", after[16] = "unknown";
 	if (b->warm_resident >= 0)
 		snprintf(warm, sizeof warm, "%.0f%%", b->warm_resident * 100);

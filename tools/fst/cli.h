@@ -46,8 +46,30 @@ double cli_now(void);
  * " (FST_FAULT injected a failure at site SITE, call N)". */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Load options shared by load, verify and bench (long options only). */
+/* How remote files are reached (docs/remote.md): inspect, load, verify,
+ * bench and doctor take them. */
+#define CLI_REMOTE_OPTIONS                                            \
+	{"endpoint", required_argument, NULL, 1101},                  \
+	{"region", required_argument, NULL, 1102},                    \
+	{"profile", required_argument, NULL, 1103},                   \
+	{"no-sign-request", no_argument, NULL, 1104}
+#define CLI_REMOTE_OPTIONS_HELP                                                             \
+	"  --endpoint URL  S3 endpoint, e.g. http://127.0.0.1:9000 (default AWS_ENDPOINT_URL_S3,\n" \
+	"                  AWS_ENDPOINT_URL, else AWS; path-style addressing with an endpoint)\n" \
+	"  --region NAME   S3 region (default AWS_REGION, AWS_DEFAULT_REGION, the profile's,\n"  \
+	"                  else us-east-1)\n"                                                   \
+	"  --profile NAME  the profile of ~/.aws/credentials and ~/.aws/config (default\n"      \
+	"                  AWS_PROFILE, else default)\n"                                       \
+	"  --no-sign-request  unsigned S3 requests (public buckets; also AWS_NO_SIGN_REQUEST=1)\n"
+/* Apply one of CLI_REMOTE_OPTIONS; EXIT_OK, or -1 when c is not one. */
+int cli_remote_option(int c, const char *arg);
+/* fst_checkpoint_open_ex with the remote options given so far. */
+int cli_open_checkpoint(const char *path, fst_checkpoint **out, fst_error *err);
+
+/* Load options shared by load, verify and bench (long options only),
+ * the remote ones among them. */
 #define CLI_LOAD_OPTIONS                                              \
+	CLI_REMOTE_OPTIONS,                                           \
 	{"device", required_argument, NULL, 1001},                    \
 	{"io", required_argument, NULL, 1002},                        \
 	{"threads", required_argument, NULL, 1003},                   \
@@ -60,15 +82,17 @@ void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 #define CLI_LOAD_OPTIONS_HELP                                                          \
 	"  --device DEV    cpu (default), cuda or cuda:N\n"                                \
 	"  --io METHOD     auto (default), pread, uring or mmap (cpu only)\n"              \
-	"  --threads N     reader threads (default: one per CPU, at most 16)\n"            \
-	"  --chunk SIZE    bytes per read (default 16MiB)\n"                              \
+	"  --threads N     reader threads (default: one per CPU, at most 16; for URLs,\n"  \
+	"                  connections: 16)\n"                                           \
+	"  --chunk SIZE    bytes per read (default 16MiB; for URLs 8MiB per GET)\n"       \
 	"  --staging SIZE  host staging budget (default 64MiB cached, 256MiB O_DIRECT)\n" \
 	"  --pinned        cpu: page-lock the destination\n"                             \
 	"  --gds POLICY    auto (default), on or off: GPUDirect Storage (docs/gds.md)\n"  \
 	"  --unified POLICY auto (default), on or off: one copy into mapped host memory\n" \
 	"                  on integrated/coherent GPUs (docs/platforms.md)\n"              \
 	"  --readahead SIZE cold files read through the page cache: fetch this far\n"    \
-	"                  ahead of the readers (default 1GiB), or off\n"
+	"                  ahead of the readers (default 1GiB), or off\n"                 \
+	CLI_REMOTE_OPTIONS_HELP
 
 /* Apply one of CLI_LOAD_OPTIONS; returns EXIT_OK, EXIT_USAGE (message
  * printed) or -1 when c is not a load option. */
@@ -115,9 +139,9 @@ uint64_t cli_peak_rss(void);
 
 /* hash.c: XXH3-128 of a loaded tensor and its block tree (xxh3.h), as 32 hex
  * digits each (either may be NULL), SHA-256 of a file (64 hex digits;
- * returns 0 or -errno), a path's last component. */
+ * returns 0 or an FST_E* code, err naming the file), a path's last component. */
 int cli_tensor_digests(const fst_tensor_view *v, char plain[33], char tree[33], fst_error *err);
-int cli_file_sha256(const char *path, char hex[65]);
+int cli_file_sha256(const fst_file *f, char hex[65], fst_error *err);
 const char *cli_basename(const char *path);
 /* Load with the streaming API, checking each tensor against a manifest as
  * it is handed out (its block tree, hashed as the bytes land, or its plain

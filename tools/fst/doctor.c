@@ -49,6 +49,7 @@ static int parse_args(int argc, char **argv, struct doctor_args *a, bool *done)
 		{"no-copy-test", no_argument, NULL, 'n'},
 		{"json", no_argument, NULL, 'j'},
 		{"help", no_argument, NULL, 'h'},
+		CLI_REMOTE_OPTIONS,
 		{0, 0, 0, 0},
 	};
 	*a = (struct doctor_args){.copy_test = true};
@@ -56,6 +57,8 @@ static int parse_args(int argc, char **argv, struct doctor_args *a, bool *done)
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		if (cli_remote_option(c, optarg) == EXIT_OK)
+			continue;
 		switch (c) {
 		case 'd': a->device = optarg; break;
 		case 'n': a->copy_test = false; break;
@@ -364,7 +367,7 @@ static int report_load(json_t *out, const char *path, const char *device, bool a
 	fst_load_opts_init(&lo);
 	lo.device = device;
 	fst_error err;
-	if (fst_checkpoint_open(path, &ck, &err)) {
+	if (cli_open_checkpoint(path, &ck, &err)) {
 		cli_error("doctor", "%s", err.message);
 		return cli_exit_code(err.code);
 	}

@@ -213,18 +213,34 @@ int cli_tensor_digests(const fst_tensor_view *v, char plain[33], char tree[33], 
 	return rc;
 }
 
-/* SHA-256 of a whole file, read sequentially, as 64 hex digits. */
-int cli_file_sha256(const char *path, char hex[65])
+/* SHA-256 of a whole file, read sequentially, as 64 hex digits; a remote
+ * file is read with fst_file_read, block after block. */
+int cli_file_sha256(const fst_file *f, char hex[65], fst_error *err)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
+	const char *path = fst_file_path(f);
+	bool remote = fst_file_is_remote(f);
+	int fd = remote ? -1 : open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 && !remote) {
+		err->code = FST_EIO;
+		snprintf(err->message, sizeof err->message, "%s: cannot hash: %s", path,
+			 strerror(errno));
+		return FST_EIO;
+	}
 	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
 	const size_t block = 8u << 20;
 	unsigned char *buf = malloc(block);
 	int rc = ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1 ? 0 : -ENOMEM;
 	ssize_t n;
-	while (!rc && (n = read(fd, buf, block)) != 0) {
+	for (uint64_t off = 0; remote && !rc && off < fst_file_size(f); off += (uint64_t)n) {
+		n = (ssize_t)(fst_file_size(f) - off < block ? fst_file_size(f) - off : block);
+		if (fst_file_read(f, off, buf, (uint64_t)n, err)) {
+			free(buf);
+			EVP_MD_CTX_free(ctx);
+			return err->code;
+		}
+		EVP_DigestUpdate(ctx, buf, (size_t)n);
+	}
+	while (!remote && !rc && (n = read(fd, buf, block)) != 0) {
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -241,8 +257,15 @@ int cli_file_sha256(const char *path, char hex[65])
 		rc = -EIO;
 	EVP_MD_CTX_free(ctx);
 	free(buf);
-	close(fd);
-	return rc;
+	if (fd >= 0)
+		close(fd);
+	if (rc) {
+		err->code = rc == -ENOMEM ? FST_ENOMEM : FST_EIO;
+		snprintf(err->message, sizeof err->message, "%s: cannot hash: %s", path,
+			 strerror(-rc));
+		return err->code;
+	}
+	return 0;
 }
 
 const char *cli_basename(const char *path)

@@ -9,18 +9,21 @@
 static void help(FILE *out)
 {
 	fprintf(out,
-		"usage: fst inspect [--json] PATH...\n"
+		"usage: fst inspect [--json] [REMOTE OPTIONS] PATH...\n"
 		"\n"
-		"PATH is a .safetensors file, a directory, or a model.safetensors.index.json.\n"
+		"PATH is a .safetensors file, a directory, or a model.safetensors.index.json;\n"
+		"or a URL of one: s3://BUCKET/KEY, s3://BUCKET/PREFIX/, http(s)://... .\n"
 		"Prints each tensor (name, dtype, shape, bytes, file offset, the offset's\n"
 		"alignment) and a summary; checks every rule of the format.\n"
 		"\n"
 		"  --json     one JSON document on stdout: a list with one object per file\n"
 		"  -h, --help this help\n"
+		CLI_REMOTE_OPTIONS_HELP
 		"\n"
 		"Exit: 0 all inputs valid; else that of the first failing input (one message\n"
-		"each on stderr): 2 invalid, 4 cannot be read, 5 out of memory, 8 changed\n"
-		"while read; 1 usage.\n");
+		"each on stderr): 2 invalid, 4 cannot be read (HTTP 403, 404, other failures of\n"
+		"a URL), 5 out of memory, 7 unsupported (no libcurl for a URL), 8 changed while\n"
+		"read; 1 usage.\n");
 }
 
 /* Largest power of two dividing off, capped at 4096 ("4096" means 4096 or more). */
@@ -144,12 +147,15 @@ int cmd_inspect(int argc, char **argv)
 	static const struct option opts[] = {
 		{"json", no_argument, NULL, 'j'},
 		{"help", no_argument, NULL, 'h'},
+		CLI_REMOTE_OPTIONS,
 		{0, 0, 0, 0},
 	};
 	bool as_json = false;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
+		if (cli_remote_option(c, optarg) == EXIT_OK)
+			continue;
 		switch (c) {
 		case 'j': as_json = true; break;
 		case 'h': help(stdout); return EXIT_OK;
@@ -170,14 +176,17 @@ int cmd_inspect(int argc, char **argv)
 	for (int i = optind; i < argc; i++) {
 		fst_checkpoint *ck;
 		fst_error err;
-		if (fst_checkpoint_open(argv[i], &ck, &err)) {
+		if (cli_open_checkpoint(argv[i], &ck, &err)) {
 			cli_error("inspect", "%s", err.message);
 			/* The first failing input decides: 4 for one that cannot be
-			 * read, 5 out of memory, 8 changed while read (cli.h); any
-			 * other failure (a shard that is a directory, say) is 2. */
+			 * read, 5 out of memory, 7 unsupported (no libcurl), 8 changed
+			 * while read (cli.h), 1 for a URL's bad options; any other
+			 * failure (a shard that is a directory, say) is 2. */
 			if (rc == EXIT_OK) {
+				bool url = strstr(argv[i], "://") != NULL;
 				bool own = err.code == FST_EIO || err.code == FST_ENOMEM ||
-					   err.code == FST_ECHANGED;
+					   err.code == FST_ECHANGED || err.code == FST_EUNSUPPORTED ||
+					   (url && err.code == FST_EUSAGE);
 				rc = own ? cli_exit_code(err.code) : EXIT_INVALID;
 			}
 			if (out)

@@ -148,7 +148,7 @@ int cmd_load(int argc, char **argv)
 	double t0 = cli_now();
 	fst_checkpoint *ck;
 	fst_error err;
-	if (fst_checkpoint_open(a.path, &ck, &err)) {
+	if (cli_open_checkpoint(a.path, &ck, &err)) {
 		cli_error("load", "%s", err.message);
 		return cli_exit_code(err.code);
 	}

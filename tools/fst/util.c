@@ -139,9 +139,40 @@ void cli_error(const char *cmd, const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
+static fst_open_opts open_opts;
+static bool open_opts_set;
+
+static fst_open_opts *remote_opts(void)
+{
+	if (!open_opts_set) {
+		fst_open_opts_init(&open_opts);
+		open_opts_set = true;
+	}
+	return &open_opts;
+}
+
+int cli_remote_option(int c, const char *arg)
+{
+	fst_open_opts *o = remote_opts();
+	switch (c) {
+	case 1101: o->endpoint = arg; return EXIT_OK;
+	case 1102: o->region = arg; return EXIT_OK;
+	case 1103: o->profile = arg; return EXIT_OK;
+	case 1104: o->unsigned_requests = 1; return EXIT_OK;
+	default: return -1;
+	}
+}
+
+int cli_open_checkpoint(const char *path, fst_checkpoint **out, fst_error *err)
+{
+	return fst_checkpoint_open_ex(path, remote_opts(), out, err);
+}
+
 int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *o)
 {
 	uint64_t v;
+	if (cli_remote_option(c, arg) == EXIT_OK)
+		return EXIT_OK;
 	switch (c) {
 	case 1001:
 		o->device = arg;

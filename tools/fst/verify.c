@@ -2,7 +2,9 @@
  * verify.c - `fst verify`: load with the fast path, then compare every
  * tensor with an independent plain read of the file. The check shares
  * nothing with the engine but the header parser: its own descriptors, plain
- * sequential pread, its own offsets arithmetic.
+ * sequential pread, its own offsets arithmetic. A remote file is read with
+ * fst_file_read: one request after another on a connection of its own,
+ * not the load's parallel workers.
  */
 #include "cli.h"
 #include "xxh3.h"
@@ -131,10 +133,11 @@ static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *m
 	for (size_t fi = 0; fi < fst_checkpoint_file_count(ck) && rc == EXIT_OK; fi++) {
 		const char *p = fst_file_path(fst_checkpoint_file(ck, fi));
 		char hex[65];
-		int e = cli_file_sha256(p, hex);
+		fst_error herr;
+		int e = cli_file_sha256(fst_checkpoint_file(ck, fi), hex, &herr);
 		if (e) {
-			cli_error("verify", "%s: cannot hash: %s", p, strerror(-e));
-			rc = EXIT_IO;
+			cli_error("verify", "%s", herr.message);
+			rc = cli_exit_code(e);
 			break;
 		}
 		printf("sha256 %s %s\n", hex, p);
@@ -251,6 +254,7 @@ struct compare {
 	size_t block;
 	uint64_t checked;
 	size_t ntensors;
+	const fst_file *remote; /* the file being compared, when it is remote */
 };
 
 /* The plain read of n bytes at file offset at ended short (errnum: its
@@ -303,11 +307,19 @@ static int compare_block(struct compare *c, const char *path, int fd, const stru
 			 const fst_tensor_info *info, const fst_tensor_view *v, uint64_t off,
 			 size_t n)
 {
-	ssize_t r = pread(fd, c->want, n, (off_t)(info->file_offset + off));
-	if (r != (ssize_t)n)
-		return short_read(path, fd, was, r < 0 ? errno : 0, n, info->file_offset + off);
-	/* the loaded bytes, fetched from wherever they are */
 	fst_error err;
+	if (c->remote) {
+		if (fst_file_read(c->remote, info->file_offset + off, c->want, n, &err)) {
+			cli_error("verify", "%s", err.message);
+			return cli_exit_code(err.code);
+		}
+	} else {
+		ssize_t r = pread(fd, c->want, n, (off_t)(info->file_offset + off));
+		if (r != (ssize_t)n)
+			return short_read(path, fd, was, r < 0 ? errno : 0, n,
+					  info->file_offset + off);
+	}
+	/* the loaded bytes, fetched from wherever they are */
 	if (fst_copy_to_host(v, off, c->got, n, &err)) {
 		cli_error("verify", "%s", err.message);
 		return cli_exit_code(err.code);
@@ -353,8 +365,9 @@ static int compare_tensor(struct compare *c, const char *path, int fd, const str
 static int compare_file(struct compare *c, const fst_file *f, const struct ident *was)
 {
 	const char *path = fst_file_path(f);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
+	c->remote = fst_file_is_remote(f) ? f : NULL;
+	int fd = c->remote ? -2 : open(path, O_RDONLY | O_CLOEXEC);
+	if (fd == -1) {
 		cli_error("verify", "%s: cannot open: %s", path, strerror(errno));
 		return EXIT_IO;
 	}
@@ -373,7 +386,8 @@ static int compare_file(struct compare *c, const fst_file *f, const struct ident
 		fst_file_tensor(f, ti, &info);
 		rc = compare_tensor(c, path, fd, was, &info);
 	}
-	close(fd);
+	if (fd >= 0)
+		close(fd);
 	return rc;
 }
 
@@ -389,7 +403,7 @@ int cmd_verify(int argc, char **argv)
 		return rc;
 	fst_checkpoint *ck;
 	fst_error err;
-	if (fst_checkpoint_open(a.path, &ck, &err)) {
+	if (cli_open_checkpoint(a.path, &ck, &err)) {
 		cli_error("verify", "%s", err.message);
 		return cli_exit_code(err.code);
 	}
