@@ -94,6 +94,8 @@ def _names(names) -> Optional[list]:
 
 _LOAD_OPTIONS = ("io", "threads", "staging_bytes", "chunk_bytes", "gds", "align", "names",
                  "torch_allocator", "unified")
+# How remote files are reached (fst.Checkpoint's keywords), where a path is a URL.
+_OPEN_OPTIONS = ("endpoint", "region", "profile", "unsigned")
 
 
 def _check_options(where: str, options: dict) -> None:

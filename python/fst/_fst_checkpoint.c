@@ -1,6 +1,6 @@
 /*
  * _fst_checkpoint.c - fst._fst.Checkpoint: a checkpoint opened (a file, a
- * directory, an index, or one file's bytes in memory) and validated; its
+ * directory, an index, a URL of one, or one file's bytes in memory) and validated; its
  * names, dtypes, shapes and metadata, without reading any tensor data.
  */
 #include "_fst.h"
@@ -15,15 +15,19 @@ static void Checkpoint_dealloc(CheckpointObject *self)
 
 static int Checkpoint_init(CheckpointObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"path", NULL};
+	static char *kwlist[] = {"path", "endpoint", "region", "profile", "unsigned", NULL};
 	PyObject *pathobj;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&", kwlist, PyUnicode_FSConverter, &pathobj))
+	fst_open_opts o;
+	fst_open_opts_init(&o);
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$zzzp", kwlist, PyUnicode_FSConverter,
+					 &pathobj, &o.endpoint, &o.region, &o.profile,
+					 &o.unsigned_requests))
 		return -1;
 	fst_error err;
 	int rc;
 	const char *path = PyBytes_AS_STRING(pathobj);
 	Py_BEGIN_ALLOW_THREADS
-	rc = fst_checkpoint_open(path, &self->ck, &err);
+	rc = fst_checkpoint_open_ex(path, &o, &self->ck, &err);
 	Py_END_ALLOW_THREADS
 	if (rc)
 		fstpy_raise_at(rc, &err, NULL, path);

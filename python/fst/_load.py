@@ -7,7 +7,7 @@ import sys
 from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
 from . import _fst
-from ._args import _check_options, _framework, _load_kwargs, _unified  # noqa: F401
+from ._args import _OPEN_OPTIONS, _check_options, _framework, _load_kwargs, _unified  # noqa: F401
 from ._errors import UsageError
 from ._tensors import _check_dtypes, _convert, _need_torch
 
@@ -54,11 +54,18 @@ def _prepare(where: str, cks: Sequence["Checkpoint"], framework: str, kw: dict) 
 
 
 class Checkpoint:
-    """An opened checkpoint (file, directory or index): names, dtypes, shapes
-    and metadata, validated, without reading any tensor data."""
+    """An opened checkpoint (file, directory or index, or a URL of one:
+    s3://BUCKET/KEY, s3://BUCKET/PREFIX/, http(s)://...): names, dtypes,
+    shapes and metadata, validated, without reading any tensor data. For
+    URLs: endpoint (an S3 endpoint URL), region, profile (of ~/.aws) and
+    unsigned (public buckets); left out, the AWS environment decides
+    (docs/remote.md)."""
 
-    def __init__(self, path: Union[str, os.PathLike]):
-        self._ck = _fst.Checkpoint(os.fspath(path))
+    def __init__(self, path: Union[str, os.PathLike], *, endpoint: Optional[str] = None,
+                 region: Optional[str] = None, profile: Optional[str] = None,
+                 unsigned: bool = False):
+        self._ck = _fst.Checkpoint(os.fspath(path), endpoint=endpoint, region=region,
+                                   profile=profile, unsigned=bool(unsigned))
         self.path = os.fspath(path)
 
     def keys(self):
@@ -85,22 +92,31 @@ def _checkpoint_type() -> type:
     return sys.modules[__package__].Checkpoint
 
 
-def _open(path) -> Checkpoint:
+def _open(path, remote: Optional[dict] = None) -> Checkpoint:
     cls = _checkpoint_type()
-    return path if isinstance(path, cls) else cls(path)
+    if isinstance(path, cls):
+        return path
+    return cls(path, **remote) if remote else cls(path)
+
+
+def _remote(options: dict) -> dict:
+    """The open options for URLs, taken out of a call's keyword arguments."""
+    return {k: options.pop(k) for k in _OPEN_OPTIONS if k in options}
 
 
 def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_bytes=0,
          chunk_bytes=0, gds="auto", align=0, names: Optional[Iterable[str]] = None,
-         torch_allocator=True, unified="auto") -> Dict[str, object]:
+         torch_allocator=True, unified="auto", endpoint=None, region=None, profile=None,
+         unsigned=False) -> Dict[str, object]:
     """Load every tensor (or those in `names`) of a checkpoint: a dict of
-    name -> torch tensor or numpy array, zero-copy over one allocation."""
+    name -> torch tensor or numpy array, zero-copy over one allocation.
+    endpoint, region, profile and unsigned are for URLs (Checkpoint)."""
     fw = _framework(framework)
     kw = _load_kwargs(device, fw, io, threads, staging_bytes, chunk_bytes, gds, align, names,
                       torch_allocator, unified=unified)
     if fw == "pt":
         _need_torch()  # before the file: without torch nothing of it can be used
-    ck = _open(path)
+    ck = _open(path, dict(endpoint=endpoint, region=region, profile=profile, unsigned=unsigned))
     return _load_prepared(ck, fw, _prepare(ck.path, [ck], fw, kw))
 
 
@@ -115,6 +131,7 @@ def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framewo
     checkpoint; with progress=True and tqdm installed, show a bar. Every
     path is opened and every check made when the iteration starts, before
     the first tensor is read."""
+    remote = _remote(options)
     _check_options("iter_tensors", options)
     fw = _framework(framework)
     kw = _load_kwargs(device, fw, **options)
@@ -122,7 +139,7 @@ def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framewo
         _need_torch()
     if isinstance(paths, (str, bytes, os.PathLike, _checkpoint_type())):
         paths = [paths]
-    cks = [_open(p) for p in paths]
+    cks = [_open(p, remote) for p in paths]
     kw = _prepare(", ".join(ck.path for ck in cks) or "iter_tensors", cks, fw, kw)
     bar = None
     if progress:

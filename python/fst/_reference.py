@@ -9,7 +9,7 @@ from typing import Dict, Optional
 from . import _fst
 from ._args import _check_options, _device, _framework, _load_kwargs
 from ._errors import ArgumentTypeError, UsageError
-from ._load import _load_prepared, _open, _prepare
+from ._load import _load_prepared, _open, _prepare, _remote
 from ._tensors import _need_torch
 from ._write import _check_metadata, _entries
 
@@ -48,13 +48,18 @@ def load_file(filename, device="cpu", framework="pt", *, backend=None,
               **options) -> Dict[str, object]:
     """Like safetensors.torch.load_file (framework='pt') or
     safetensors.numpy.load_file (framework='numpy'); backend='mmap' or
-    'pread' as there, or fst's load options (io=...)."""
+    'pread' as there, or fst's load options (io=...); for a URL the open
+    options too (endpoint=...), and the CPU default is a copy, not a
+    mapping."""
+    remote = _remote(options)
     _check_options("load_file", options)
     fw = _framework(framework)
-    kw = _load_kwargs(device, fw, **_backend_options(backend, device, options))
+    url = isinstance(filename, str) and "://" in filename
+    kw = _load_kwargs(device, fw, **(options if url and backend is None
+                                     else _backend_options(backend, device, options)))
     if fw == "pt":
         _need_torch()
-    ck = _open(filename)
+    ck = _open(filename, remote)
     return _load_prepared(ck, fw, _prepare(ck.path, [ck], fw, kw))
 
 
