@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""A threaded HTTP server with byte ranges, ETags and If-Match, serving the
+files of one folder, and failing on purpose: the first segment of the path
+picks the behaviour, the rest names the file (/ok/model.safetensors).
+
+  server.py --dir DIR [--port 0] [--log FILE]   # prints "PORT" on stdout
+
+Modes (counters are per file and mode, reset by GET /reset):
+  ok          ranges, ETag, Last-Modified, If-Match (412), as nginx serves
+  flaky       the first 2 requests of each file: HTTP 500; then ok
+  always500   every request: HTTP 503
+  reset       the first data request of each file (after the header's):
+              half the body, then a TCP reset; then ok
+  short       every data request: Content-Length as asked, half the body sent
+  capped      honest short answers: at most 1 MiB per response (Content-Range says so)
+  changed     after the first request of each file its ETag changes: If-Match
+              gets 412
+  changed-noetag-check  as changed, but If-Match is ignored (the new ETag only
+              shows in the response)
+  forbidden   HTTP 403 with an S3 error body
+  missing     HTTP 404 with an S3 error body
+  norange     Range ignored: 200 with the whole file
+  loop        a redirect to itself, forever
+  redirect    one redirect to /ok/...
+  stall       the headers of data requests, then nothing (until the client leaves)
+  slow        data requests answered at about 2 MiB/s
+
+Every request's method, path and headers go to --log as one JSON line, so
+tests can check what the client sent (signatures, If-Match). Loopback only.
+"""
+import argparse
+import email.utils
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LOCK = threading.Lock()
+COUNTS = {}
+LOG = None
+ROOT = None
+
+
+def count(key):
+    with LOCK:
+        COUNTS[key] = COUNTS.get(key, 0) + 1
+        return COUNTS[key]
+
+
+def s3_error(code, message):
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+            f"<Message>{message}</Message></Error>").encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def record(self):
+        if LOG:
+            with LOCK:
+                LOG.write(json.dumps({"method": self.command, "path": self.path,
+                                      "headers": dict(self.headers.items())}) + "\n")
+                LOG.flush()
+
+    def plain(self, status, body=b"", headers=()):
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self.record()
+        if self.path == "/reset":
+            with LOCK:
+                COUNTS.clear()
+            return self.plain(200, b"ok")
+        parts = self.path.lstrip("/").split("/", 1)
+        if len(parts) != 2:
+            return self.plain(404, s3_error("NoSuchKey", "no mode"))
+        mode, name = parts
+        path = os.path.join(ROOT, name)
+        n = count((mode, name))
+        if mode == "forbidden":
+            return self.plain(403, s3_error("AccessDenied", "Access Denied"))
+        if mode == "missing" or not os.path.isfile(path):
+            return self.plain(404, s3_error("NoSuchKey", "The specified key does not exist."))
+        if mode == "flaky" and n <= 2:
+            return self.plain(500, s3_error("InternalError", "try again"))
+        if mode == "always500":
+            return self.plain(503, s3_error("SlowDown", "Please reduce your request rate."))
+        if mode == "loop":
+            return self.plain(302, headers=[("Location", self.path)])
+        if mode == "redirect":
+            return self.plain(302, headers=[("Location", "/ok/" + name)])
+        st = os.stat(path)
+        size = st.st_size
+        etag = '"%x-%x"' % (int(st.st_mtime), size)
+        if mode.startswith("changed") and n > 1:
+            etag = '"%x-%x-new"' % (int(st.st_mtime), size)
+        modified = email.utils.formatdate(st.st_mtime, usegmt=True)
+        ident = [("ETag", etag), ("Last-Modified", modified), ("Accept-Ranges", "bytes")]
+        want = self.headers.get("If-Match")
+        if want and mode != "changed-noetag-check" and want != etag:
+            return self.plain(412, s3_error("PreconditionFailed", "If-Match"), ident)
+        rng = self.headers.get("Range")
+        with open(path, "rb") as f:
+            if not rng or mode == "norange":
+                return self.plain(200, f.read(), ident)
+            a, _, b = rng.split("=", 1)[1].partition("-")
+            a = int(a)
+            b = min(int(b) if b else size - 1, size - 1)
+            if a >= size:
+                return self.plain(416, headers=[("Content-Range", f"bytes */{size}")] + ident)
+            if mode == "capped":
+                b = min(b, a + (1 << 20) - 1)
+            f.seek(a)
+            body = f.read(b - a + 1)
+        data_request = a > 0
+        self.send_response(206)
+        for k, v in ident:
+            self.send_header(k, v)
+        self.send_header("Content-Range", f"bytes {a}-{b}/{size}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if mode == "stall" and data_request:
+            self.wfile.flush()
+            while True:
+                time.sleep(0.05)
+                try:
+                    self.connection.send(b"")
+                except OSError:
+                    return
+        if mode == "reset" and data_request and count((mode, name, "data")) == 1:
+            self.wfile.write(body[:len(body) // 2])
+            self.wfile.flush()
+            # SO_LINGER 0: close with a reset, not a FIN
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                       struct.pack("ii", 1, 0))
+            self.connection.close()
+            self.close_connection = True
+            return
+        if mode == "short" and data_request:
+            self.wfile.write(body[:len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if mode == "slow" and data_request:
+            for i in range(0, len(body), 64 << 10):
+                self.wfile.write(body[i:i + (64 << 10)])
+                time.sleep(0.03)
+            return
+        self.wfile.write(body)
+
+
+def main():
+    global LOG, ROOT
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--log")
+    a = ap.parse_args()
+    ROOT = os.path.abspath(a.dir)
+    LOG = open(a.log, "a") if a.log else None
+    srv = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
+    srv.daemon_threads = True
+    print(srv.server_address[1], flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,371 @@
+/* Description: loads of remote files through the engine, against the
+ * fault-injecting server of tests/remote/server.py on loopback: every byte
+ * equal to the local files whatever the threads and request sizes, whole
+ * and streamed, with progress; resumed after a reset connection and over
+ * short honest answers; an object that changes fails with FST_ECHANGED;
+ * fst_loader_cancel stops a transfer that stalls at once; io=mmap, pread,
+ * uring and gds=on refused; fst_file_read; onto cuda:0 through the libcuda
+ * double when ctest gives one (label cuda-double). "nocurl": with
+ * FST_CURL_LIBRARY naming a missing file a URL is FST_EUNSUPPORTED naming
+ * it, and local files still load. */
+#include "helpers.h"
+#include "load_helpers.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static lh_ckpt local;
+static fst_checkpoint *local_ck;
+static lh_files files;
+static pid_t server = -1;
+static int port;
+
+/* The server on an ephemeral loopback port; its first line is the port. */
+static int start_server(void)
+{
+	int p[2];
+	if (pipe(p))
+		return -1;
+	server = fork();
+	if (server == 0) {
+		dup2(p[1], 1);
+		close(p[0]);
+		close(p[1]);
+		execlp(FST_PYTHON, FST_PYTHON, FST_REMOTE_SERVER, "--dir", test_tmpdir(), (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	FILE *f = fdopen(p[0], "r");
+	if (!f || fscanf(f, "%d", &port) != 1)
+		port = 0;
+	if (f)
+		fclose(f);
+	return port > 0 ? 0 : -1;
+}
+
+static void stop_server(void)
+{
+	if (server > 0) {
+		kill(server, SIGTERM);
+		waitpid(server, NULL, 0);
+	}
+	server = -1;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	lh_shape sh = lh_default_shape();
+	sh.max_files = 3;
+	sh.max_tensors = 24;
+	sh.max_big = 3u << 20;
+	sh.allow_empty_files = false;
+	lh_write_random("ck", 20261202, &sh, &local);
+	local_ck = lh_open(local.dir);
+	lh_files_read(local_ck, &files);
+	if (start_server()) {
+		fprintf(stderr, "cannot start %s with %s\n", FST_REMOTE_SERVER, FST_PYTHON);
+		return -1;
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	stop_server();
+	lh_files_free(&files);
+	fst_checkpoint_close(local_ck);
+	return 0;
+}
+
+/* URL of the checkpoint's file i under mode. */
+static void url_of(char *buf, size_t size, const char *mode, size_t i)
+{
+	const char *path = fst_file_path(fst_checkpoint_file(local_ck, i));
+	const char *name = strrchr(path, '/') + 1;
+	snprintf(buf, size, "http://127.0.0.1:%d/%s/ck/%s", port, mode, name);
+}
+
+/* The checkpoint's files, each by its URL under mode, as one checkpoint. */
+static int open_remote(const char *mode, fst_checkpoint **out, fst_error *err)
+{
+	size_t n = fst_checkpoint_file_count(local_ck);
+	fst_file *fs[16];
+	assert_true(n <= 16);
+	for (size_t i = 0; i < n; i++) {
+		char url[512];
+		url_of(url, sizeof url, mode, i);
+		int rc = fst_file_open(url, &fs[i], err);
+		if (rc) {
+			for (size_t j = 0; j < i; j++)
+				fst_file_close(fs[j]);
+			return rc;
+		}
+		assert_true(fst_file_is_remote(fs[i]));
+		assert_int_equal(fst_file_fd(fs[i]), -1);
+	}
+	return fst_checkpoint_from_files(fs, n, out, err);
+}
+
+static void reset_server(void)
+{
+	/* GET /reset clears the per-file counters of the failing modes */
+	char cmd[256];
+	snprintf(cmd, sizeof cmd, "%s -c \"import urllib.request as u; "
+				  "u.urlopen('http://127.0.0.1:%d/reset').read()\"",
+		 FST_PYTHON, port);
+	assert_int_equal(system(cmd), 0);
+}
+
+static void check_buffer(fst_buffer *buf, bool on_device)
+{
+	assert_int_equal(fst_buffer_tensor_count(buf), fst_checkpoint_tensor_count(local_ck));
+	unsigned char *host = malloc(4u << 20);
+	for (size_t i = 0; i < fst_checkpoint_tensor_count(local_ck); i++) {
+		fst_tensor_info info;
+		const unsigned char *want = lh_expected(local_ck, &files, i, &info);
+		long bi = fst_buffer_find(buf, info.name);
+		assert_true(bi >= 0);
+		fst_tensor_view v;
+		assert_int_equal(fst_buffer_tensor(buf, (size_t)bi, &v), 0);
+		assert_int_equal(v.nbytes, info.nbytes);
+		assert_int_equal((uintptr_t)v.data % 256, 0);
+		if (on_device) {
+			assert_true(info.nbytes <= (4u << 20));
+			fst_error err;
+			assert_int_equal(fst_copy_to_host(&v, 0, host, info.nbytes, &err), 0);
+			lh_assert_bytes(info.name, host, want, info.nbytes);
+		} else {
+			lh_assert_bytes(info.name, v.data, want, info.nbytes);
+		}
+		fst_view_release(&v);
+	}
+	free(host);
+}
+
+static void load_and_check(const char *mode, const char *device, unsigned threads,
+			   uint64_t chunk)
+{
+	fst_checkpoint *ck;
+	fst_error err;
+	assert_int_equal(open_remote(mode, &ck, &err), 0);
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.device = device;
+	o.threads = threads;
+	o.chunk_bytes = chunk;
+	fst_buffer *buf;
+	int rc = fst_load(ck, &o, &buf, &err);
+	if (rc)
+		fail_msg("%s load (%u threads, %llu-byte chunks): %s", mode, threads,
+			 (unsigned long long)chunk, err.message);
+	assert_has(fst_buffer_describe(buf), "remote (ranged GETs)");
+	check_buffer(buf, strcmp(device, "cpu") != 0);
+	fst_buffer_release(buf);
+	fst_checkpoint_close(ck);
+}
+
+static void test_bytes_equal(void **state)
+{
+	(void)state;
+	load_and_check("ok", "cpu", 0, 0);
+	load_and_check("ok", "cpu", 1, 256 << 10);
+	load_and_check("ok", "cpu", 4, 64 << 10);
+	load_and_check("ok", "cpu", 3, 1 << 20);
+}
+
+static void test_resumed(void **state)
+{
+	(void)state;
+	reset_server();
+	load_and_check("reset", "cpu", 2, 0); /* half a body, then a TCP reset */
+	load_and_check("capped", "cpu", 2, 4u << 20); /* 1 MiB per answer */
+	reset_server();
+	load_and_check("flaky", "cpu", 2, 0); /* 500 twice per file */
+	load_and_check("redirect", "cpu", 2, 0);
+}
+
+static void test_streamed_with_progress(void **state)
+{
+	(void)state;
+	fst_checkpoint *ck;
+	fst_error err;
+	assert_int_equal(open_remote("ok", &ck, &err), 0);
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.threads = 3;
+	o.chunk_bytes = 256 << 10;
+	fst_loader *ld;
+	assert_int_equal(fst_load_start(ck, &o, &ld, &err), 0);
+	size_t seen = 0;
+	fst_tensor_view v;
+	int rc;
+	while ((rc = fst_loader_next(ld, &v, &err)) == 1) {
+		long i = fst_checkpoint_find(local_ck, v.name);
+		assert_true(i >= 0);
+		fst_tensor_info info;
+		const unsigned char *want = lh_expected(local_ck, &files, (size_t)i, &info);
+		lh_assert_bytes(v.name, v.data, want, info.nbytes);
+		fst_view_release(&v);
+		seen++;
+	}
+	assert_int_equal(rc, 0);
+	uint64_t done, total;
+	fst_loader_progress(ld, &done, &total);
+	assert_int_equal(done, total);
+	assert_int_equal(total, fst_checkpoint_total_bytes(local_ck));
+	assert_int_equal(fst_loader_finish(ld, NULL, &err), 0);
+	assert_int_equal(seen, fst_checkpoint_tensor_count(local_ck));
+	fst_checkpoint_close(ck);
+}
+
+static void test_changed_fails(void **state)
+{
+	(void)state;
+	reset_server();
+	fst_checkpoint *ck;
+	fst_error err;
+	assert_int_equal(open_remote("changed", &ck, &err), 0);
+	fst_buffer *buf;
+	assert_int_equal(fst_load(ck, NULL, &buf, &err), FST_ECHANGED);
+	assert_null(buf);
+	assert_has(err.message, "/changed/ck/");
+	assert_has(err.message, "object changed during the load");
+	fst_checkpoint_close(ck);
+}
+
+static void test_cancel_stops_a_stall(void **state)
+{
+	(void)state;
+	fst_checkpoint *ck;
+	fst_error err;
+	assert_int_equal(open_remote("stall", &ck, &err), 0);
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.threads = 2;
+	fst_loader *ld;
+	assert_int_equal(fst_load_start(ck, &o, &ld, &err), 0);
+	struct timespec ms200 = {0, 200 * 1000000};
+	nanosleep(&ms200, NULL);
+	double t0 = test_now_s();
+	fst_loader_cancel(ld);
+	fst_buffer *buf;
+	assert_int_equal(fst_loader_finish(ld, &buf, &err), FST_ECANCELED);
+	double secs = test_now_s() - t0;
+	/* libcurl asks its progress callback about once a second while idle */
+	if (secs > 3)
+		fail_msg("cancel took %.2f s with the transfers stalled", secs);
+	assert_null(buf);
+	fst_checkpoint_close(ck);
+}
+
+static void test_refused(void **state)
+{
+	(void)state;
+	fst_checkpoint *ck;
+	fst_error err;
+	assert_int_equal(open_remote("ok", &ck, &err), 0);
+	const struct {
+		int io, gds;
+		const char *msg;
+	} cases[] = {
+		{FST_IO_MMAP, FST_GDS_AUTO, "io=mmap reads local files"},
+		{FST_IO_PREAD, FST_GDS_AUTO, "io=pread reads local files"},
+		{FST_IO_URING, FST_GDS_AUTO, "io=uring reads local files"},
+		{FST_IO_AUTO, FST_GDS_ON, "gds=on: "},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		fst_load_opts o;
+		fst_load_opts_init(&o);
+		o.io = cases[i].io;
+		o.gds = cases[i].gds;
+		fst_buffer *buf;
+		assert_int_equal(fst_load(ck, &o, &buf, &err), FST_EUSAGE);
+		assert_has(err.message, cases[i].msg);
+		assert_has(err.message, "http://127.0.0.1:");
+	}
+	fst_checkpoint_close(ck);
+}
+
+static void test_file_read(void **state)
+{
+	(void)state;
+	char url[512];
+	url_of(url, sizeof url, "ok", 0);
+	fst_file *f;
+	fst_error err;
+	assert_int_equal(fst_file_open(url, &f, &err), 0);
+	uint64_t size = fst_file_size(f);
+	assert_int_equal(size, files.size[0]);
+	unsigned char *got = malloc(size + 1);
+	assert_int_equal(fst_file_read(f, 0, got, size, &err), 0);
+	lh_assert_bytes("whole file", got, files.bytes[0], size);
+	assert_int_equal(fst_file_read(f, size / 3, got, size / 2, &err), 0);
+	lh_assert_bytes("a middle", got, files.bytes[0] + size / 3, size / 2);
+	assert_int_equal(fst_file_read(f, size - 1, got, 2, &err), FST_ECHANGED);
+	assert_has(err.message, "past the end");
+	free(got);
+	fst_file_close(f);
+	url_of(url, sizeof url, "missing", 0);
+	assert_int_equal(fst_file_open(url, &f, &err), FST_EIO);
+	assert_int_equal(err.sys_errno, ENOENT);
+	assert_has(err.message, "HTTP 404 Not Found");
+}
+
+static void test_cuda_double(void **state)
+{
+	(void)state;
+	if (!getenv("FST_CUDA_LIBRARY"))
+		skip(); /* ctest gives the double (label cuda-double) */
+	load_and_check("ok", "cuda:0", 3, 256 << 10);
+	load_and_check("reset", "cuda:0", 2, 0);
+}
+
+/* FST_CURL_LIBRARY names a missing library: URLs refused, files fine. */
+static int nocurl(void)
+{
+	const char *lib = getenv("FST_CURL_LIBRARY");
+	if (!lib)
+		return 77;
+	fst_file *f;
+	fst_error err;
+	int rc = fst_file_open("http://127.0.0.1:9/x.safetensors", &f, &err);
+	int bad = rc != FST_EUNSUPPORTED || !strstr(err.message, "libcurl") ||
+		  !strstr(err.message, lib);
+	fst_checkpoint *ck;
+	rc = fst_checkpoint_open("s3://bucket/x.safetensors", &ck, &err);
+	bad = bad || rc != FST_EUNSUPPORTED || !strstr(err.message, lib);
+	lh_shape sh = lh_default_shape();
+	lh_write_random("ck", 1, &sh, &local);
+	fst_checkpoint *lc = lh_open(local.dir);
+	fst_buffer *buf;
+	bad = bad || fst_load(lc, NULL, &buf, &err) != 0;
+	fst_buffer_release(buf);
+	fst_checkpoint_close(lc);
+	printf("nocurl: %s (%s)\n", bad ? "FAILED" : "passed", err.message);
+	return bad;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && !strcmp(argv[1], "nocurl"))
+		return nocurl();
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bytes_equal),
+		cmocka_unit_test(test_resumed),
+		cmocka_unit_test(test_streamed_with_progress),
+		cmocka_unit_test(test_changed_fails),
+		cmocka_unit_test(test_cancel_stops_a_stall),
+		cmocka_unit_test(test_refused),
+		cmocka_unit_test(test_file_read),
+		cmocka_unit_test(test_cuda_double),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
