@@ -5,9 +5,15 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
+# libcurl4-openssl-dev: <curl/curl.h> for test_curl_decls, which checks our
+# own declarations of libcurl (libfst opens libcurl at run time and never
+# links it); nginx: the remote tests' HTTP server, run as the test user
+# with a config of their own (its packaged service is not used).
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
-	libjansson-dev liburing-dev libcmocka-dev libxxhash-dev libssl-dev python3 python3-pip valgrind)
-PY_PACKAGES=(numpy safetensors pytest ml_dtypes xxhash)
+	libjansson-dev liburing-dev libcmocka-dev libxxhash-dev libssl-dev python3 python3-pip valgrind
+	libcurl4-openssl-dev nginx curl)
+# moto[server]: an S3 server for the remote tests (it brings boto3)
+PY_PACKAGES=(numpy safetensors pytest ml_dtypes xxhash moto[server])
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -47,7 +53,9 @@ fi
 PY=${PYTHON:-python3}
 pymissing=()
 for p in "${PY_PACKAGES[@]}"; do
-	"$PY" -c "import $p" 2>/dev/null || pymissing+=("$p")
+	mod=${p%%[*}
+	[ "$p" = "moto[server]" ] && mod="moto.server, boto3, flask_cors"
+	"$PY" -c "import $mod" 2>/dev/null || pymissing+=("$p")
 done
 if ((${#pymissing[@]})); then
 	echo "install-deps: pip installing ${pymissing[*]}"
