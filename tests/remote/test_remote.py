@@ -1,0 +1,286 @@
+"""Remote sources end to end, against real servers on loopback: nginx (an
+HTTP server with byte ranges), moto (S3: signed requests checked by moto,
+listings, unsigned access, credentials from the ~/.aws files) and
+server.py (every failure mode). Through the fst command and the Python
+package; bytes equal to the local files on every path, onto the CPU and
+onto the libcuda double."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file as ref_load_file
+
+from conftest import FAKE_KEY, FAKE_SECRET, run_fst
+
+import fsttest
+
+
+def reference(path):
+    """name -> bytes of every tensor of a local file or folder."""
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    out = {}
+    for f in files:
+        h, blob = fsttest.Header(f), fsttest.file_bytes(f)
+        for name, info in h.tensors.items():
+            b, e = info["data_offsets"]
+            out[name] = blob[h.data_offset + b:h.data_offset + e]
+    return out
+
+
+def inspect_json(target, env=None, *extra):
+    r = run_fst("inspect", "--json", *extra, target, env=env)
+    assert r.returncode == 0, r.stderr
+    return [{k: v for k, v in f.items() if k != "path"} for f in json.loads(r.stdout)]
+
+
+def assert_package_bytes(url, local, **kw):
+    import fst
+    got = fst.load(url, framework="numpy", **kw)
+    want = reference(local)
+    assert sorted(got) == sorted(want)
+    for name, arr in got.items():
+        assert arr.tobytes() == want[name], name
+
+
+# ------------------------------------------------------------------- nginx
+
+def test_nginx_inspect_load_verify(nginx, root, fst_env):
+    env = fst_env()
+    for url, local in ((f"{nginx}/ck/model.safetensors.index.json", root / "ck"),
+                       (f"{nginx}/one/model.safetensors", root / "one" / "model.safetensors")):
+        assert inspect_json(url, env) == inspect_json(str(local), env)
+        r = run_fst("verify", url, env=env)
+        assert r.returncode == 0, r.stderr
+        assert "byte-identical" in r.stdout and "remote (ranged GETs)" in r.stdout
+        r = run_fst("load", "--json", "--threads", "4", "--chunk", "1MiB", url, env=env)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert "remote (ranged GETs), 4 threads, 1 MiB chunks" in out["path_chosen"]
+    r = run_fst("verify", "--hash", f"{nginx}/one/model.safetensors", env=env)
+    import hashlib
+    digest = hashlib.sha256((root / "one" / "model.safetensors").read_bytes()).hexdigest()
+    assert r.returncode == 0 and f"sha256 {digest} " in r.stdout, r.stdout + r.stderr
+
+
+def test_nginx_python_package(nginx, root):
+    import fst
+    assert_package_bytes(f"{nginx}/ck/model.safetensors.index.json", root / "ck")
+    want = reference(root / "one" / "model.safetensors")
+    got = {n: t.tobytes() for n, t in fst.iter_tensors(f"{nginx}/one/model.safetensors",
+                                                         framework="numpy", threads=3)}
+    assert got == want
+    got = fst.load_file(f"{nginx}/one/model.safetensors", framework="numpy")
+    assert {n: a.tobytes() for n, a in got.items()} == want
+    ck = fst.Checkpoint(f"{nginx}/ck/model.safetensors.index.json")
+    assert sorted(ck.keys()) == sorted(reference(root / "ck"))
+
+
+def test_nginx_refusals(nginx, fst_env):
+    env = fst_env()
+    r = run_fst("load", f"{nginx}/ck/", env=env)
+    assert r.returncode == 1 and "only S3 folders" in r.stderr, r.stderr
+    r = run_fst("load", "--io", "mmap", f"{nginx}/one/model.safetensors", env=env)
+    assert r.returncode == 1 and "io=mmap reads local files" in r.stderr, r.stderr
+    r = run_fst("inspect", f"{nginx}/ck/nope.safetensors", env=env)
+    assert r.returncode == 4 and "HTTP 404 Not Found" in r.stderr, r.stderr
+
+
+def test_cuda_double(nginx, root, tmp_path):
+    """Onto cuda:0 through the libcuda double, in a fresh process (the
+    driver is loaded once per process)."""
+    double = os.environ.get("FST_CUDA_DOUBLE") or str(fsttest.FST_BIN.parent / "tests" /
+                                                      "libfst_cuda_double.so")
+    if not os.path.isfile(double):
+        pytest.skip(f"CUDA test double not built at {double}")
+    want = tmp_path / "want.json"
+    want.write_text(json.dumps({k: v.hex() for k, v in reference(root / "ck").items()}))
+    code = f"""
+import json, fst
+want = json.load(open({str(want)!r}))
+buf = fst._fst.load(fst.Checkpoint({nginx + '/ck/model.safetensors.index.json'!r})._ck,
+                    device="cuda:0", threads=3)
+assert "remote (ranged GETs)" in buf.describe(), buf.describe()
+for name, hexbytes in want.items():
+    t = buf.tensor(name)
+    assert t.device == "cuda:0" and t.data_ptr % 256 == 0
+    assert t.tobytes().hex() == hexbytes, name
+print("ok")
+"""
+    env = dict(os.environ, FST_CUDA_LIBRARY=double)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    r = run_fst("verify", "--device", "cuda:0", f"{nginx}/ck/model.safetensors.index.json",
+                env=env)
+    assert r.returncode == 0, r.stderr
+
+
+# -------------------------------------------------------------------- moto
+
+def test_moto_signed_checked_by_moto(moto, root, fst_env):
+    """moto checks every signature (reset-auth), with botocore's code."""
+    moto.auth(True)
+    try:
+        env = fst_env(**moto.env())
+        for url in ("s3://models/llm/model.safetensors.index.json", "s3://models/one/model.safetensors"):
+            r = run_fst("verify", url, env=env)
+            assert r.returncode == 0, r.stderr
+        r = run_fst("inspect", "s3://models/llm/model.safetensors.index.json",
+                    env=fst_env(**moto.env(AWS_SECRET_ACCESS_KEY="wrong")))
+        assert r.returncode == 4 and "HTTP 403 Forbidden (SignatureDoesNotMatch" in r.stderr, r.stderr
+        r = run_fst("inspect", "s3://models/one/absent.safetensors", env=env)
+        assert r.returncode == 4 and "HTTP 404 Not Found (NoSuchKey" in r.stderr, r.stderr
+        # credentials from ~/.aws/credentials, the profile by name
+        e = fst_env(AWS_ENDPOINT_URL=moto.url, AWS_PROFILE="ci")
+        os.makedirs(os.path.join(e["HOME"], ".aws"))
+        with open(os.path.join(e["HOME"], ".aws", "credentials"), "w") as f:
+            f.write(f"[ci]\naws_access_key_id = {moto.key}\naws_secret_access_key = {moto.secret}\n")
+        r = run_fst("load", "s3://models/one/model.safetensors", env=e)
+        assert r.returncode == 0, r.stderr
+        r = run_fst("load", "--profile", "absent", "s3://models/one/model.safetensors", env=e)
+        assert r.returncode == 1 and 'AWS profile "absent" is in neither' in r.stderr, r.stderr
+        # the endpoint as an option of the Python package, credentials from
+        # the environment of this process
+        import fst
+        saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+        os.environ.update(AWS_ACCESS_KEY_ID=moto.key, AWS_SECRET_ACCESS_KEY=moto.secret)
+        try:
+            assert_package_bytes("s3://models/llm/model.safetensors.index.json", root / "ck",
+                                 endpoint=moto.url)
+            with pytest.raises(FileNotFoundError):
+                fst.Checkpoint("s3://models/llm/absent.safetensors", endpoint=moto.url)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    finally:
+        moto.auth(False)
+
+
+def test_moto_listing_and_unsigned(moto, root, fst_env):
+    """A folder is listed (ListObjectsV2): its index decides, the subfolder's
+    object is not the folder's. moto's own check of a listing's signature
+    refuses boto3's too (a '/' in the query), so listings run with moto's
+    checks off; their signatures are checked against botocore's below."""
+    env = fst_env(**moto.env())
+    want = inspect_json(str(root / "ck"), env)
+    assert inspect_json("s3://models/llm/", env) == want
+    r = run_fst("verify", "s3://models/llm/", env=env)
+    assert r.returncode == 0, r.stderr
+    # unsigned: asked for, or by AWS_NO_SIGN_REQUEST, or without credentials
+    for e, extra in ((fst_env(AWS_ENDPOINT_URL=moto.url, AWS_NO_SIGN_REQUEST="1"), []),
+                     (fst_env(AWS_ENDPOINT_URL=moto.url), []),
+                     (env, ["--no-sign-request"])):
+        assert inspect_json("s3://models/llm/", e, *extra) == want
+    r = run_fst("inspect", "s3://models/empty/", env=env)
+    assert r.returncode == 2 and "holds no *.safetensors files" in r.stderr, r.stderr
+    r = run_fst("inspect", "--endpoint", moto.url, "s3://models/one/model.safetensors",
+                env=fst_env(AWS_NO_SIGN_REQUEST="1"))
+    assert r.returncode == 0, r.stderr
+
+
+def test_signatures_match_botocore(fault, root, fst_env):
+    """Every signed request (object GETs, the listing, with a session
+    token) carries the signature botocore computes for it."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    base, log = fault
+    env = fst_env(AWS_ACCESS_KEY_ID=FAKE_KEY, AWS_SECRET_ACCESS_KEY=FAKE_SECRET,
+                  AWS_SESSION_TOKEN="tok/en+=", AWS_REGION="eu-west-1", AWS_ENDPOINT_URL=base)
+    start = len(log.read_text().splitlines()) if log.exists() else 0
+    # the bucket "signed" is server.py's mode ok: /signed/ck/... serves ck/
+    r = run_fst("verify", "s3://signed/ck/model.safetensors.index.json", env=env)
+    assert r.returncode == 0, r.stderr
+    r = run_fst("inspect", "s3://signed/ck/", env=env)  # server.py cannot list: its 404 is fine
+    assert r.returncode == 4
+    lines = [json.loads(x) for x in log.read_text().splitlines()[start:]]
+    signed = [x for x in lines if "Authorization" in x["headers"]]
+    assert len(signed) >= 5 and any("list-type=2" in x["path"] for x in signed)
+    creds = Credentials(FAKE_KEY, FAKE_SECRET, "tok/en+=")
+    for x in signed:
+        h = x["headers"]
+        auth = h["Authorization"]
+        names = auth.partition("SignedHeaders=")[2].partition(",")[0].split(";")
+        assert "x-amz-security-token" in names and "x-amz-content-sha256" in names
+        assert "/eu-west-1/s3/aws4_request" in auth
+        req = AWSRequest(method="GET", url=base + x["path"],
+                         headers={k: v for k, v in h.items() if k.lower() in names})
+        req.context["timestamp"] = h["X-Amz-Date"]
+        a = S3SigV4Auth(creds, "s3", "eu-west-1")
+        want = a.signature(a.string_to_sign(req, a.canonical_request(req)), req)
+        assert auth.endswith("Signature=" + want), (x["path"], auth)
+    # every ranged GET after the header's says which object it wants
+    data = [x for x in signed if "Range" in x["headers"] and "bytes=0-" not in x["headers"]["Range"]]
+    assert data and all(x["headers"].get("If-Match", "").startswith('"') for x in data)
+
+
+# ------------------------------------------------------------ failure modes
+
+FAILURES = [
+    # mode, exit code, words of the message (None: success, bytes verified)
+    ("flaky", 0, None),
+    ("reset", 0, None),
+    ("capped", 0, None),
+    ("redirect", 0, None),
+    ("always500", 4, "HTTP 503 Service Unavailable (SlowDown"),
+    ("short", 4, "libcurl error 18"),
+    ("changed", 8, "object changed during the load (HTTP 412"),
+    ("changed-noetag-check", 8, "object changed during the load (its ETag was"),
+    ("forbidden", 4, "HTTP 403 Forbidden (AccessDenied"),
+    ("missing", 4, "HTTP 404 Not Found (NoSuchKey"),
+    ("norange", 7, "the server ignored the Range request"),
+    ("loop", 4, "more than 5 redirects"),
+]
+
+
+@pytest.mark.parametrize("mode,code,words", FAILURES, ids=[f[0] for f in FAILURES])
+def test_failure_modes(fault, fst_env, mode, code, words):
+    base, _ = fault
+    import urllib.request
+    urllib.request.urlopen(base + "/reset").read()
+    url = f"{base}/{mode}/ck/model.safetensors.index.json"
+    t0 = time.time()
+    r = run_fst("verify" if code == 0 else "load", url, env=fst_env(), timeout=120)
+    secs = time.time() - t0
+    assert r.returncode == code, (r.returncode, r.stderr)
+    if words:
+        assert words in r.stderr and f"{base}/{mode}/ck/" in r.stderr, r.stderr
+        # bounded: 5 retries with backoff capped at 5 s each, never a hang
+        assert secs < 40, secs
+    else:
+        assert "byte-identical" in r.stdout
+
+
+def test_package_errors(fault):
+    import fst
+    base, _ = fault
+    with pytest.raises(FileNotFoundError):
+        fst.load(f"{base}/missing/one/model.safetensors", framework="numpy")
+    with pytest.raises(PermissionError):
+        fst.load(f"{base}/forbidden/one/model.safetensors", framework="numpy")
+    import urllib.request
+    urllib.request.urlopen(base + "/reset").read()
+    with pytest.raises(fst.FileChangedError):
+        fst.load(f"{base}/changed/one/model.safetensors", framework="numpy")
+    with pytest.raises(fst.UnsupportedError):
+        fst.Checkpoint(f"{base}/norange/one/model.safetensors")
+    with pytest.raises(fst.UsageError):
+        fst.Checkpoint("s3://models/x.safetensors", endpoint="ftp://nowhere")
+
+
+def test_without_libcurl(fault, root, fst_env):
+    base, _ = fault
+    env = fst_env(FST_CURL_LIBRARY="/nonexistent/libcurl.so.4")
+    r = run_fst("inspect", f"{base}/ok/one/model.safetensors", env=env)
+    assert r.returncode == 7, r.stderr
+    assert "libcurl" in r.stderr and "/nonexistent/libcurl.so.4" in r.stderr, r.stderr
+    r = run_fst("load", str(root / "one" / "model.safetensors"), env=env)
+    assert r.returncode == 0, r.stderr
