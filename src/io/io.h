@@ -77,6 +77,11 @@ extern const struct fsti_reader fsti_reader_uring;
 /* Ranged GETs, one connection per worker, for checkpoints with remote files
  * (remote.c); local files among them are read with pread. */
 extern const struct fsti_reader fsti_reader_remote;
+/* wait of readers whose start reads at once (pread, remote): where the
+ * slot's read put its bytes; their state begins with const char
+ * *where[FSTI_SLOTS], which start fills. */
+int fsti_sync_wait(const struct fsti_source *src, void *state, int slot, const char **where,
+		   fst_error *err);
 /* Whether any file of ck is remote. */
 bool fsti_checkpoint_is_remote(const fst_checkpoint *ck);
 /* The remote reader's defaults (docs/remote.md, "Measured"). */

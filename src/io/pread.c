@@ -59,6 +59,7 @@ int fsti_pread_exact(int fd, const char *path, void *dst, uint64_t len, uint64_t
 	return 0;
 }
 
+/* where[] first, as fsti_sync_wait wants */
 struct pread_worker {
 	const char *where[FSTI_SLOTS];
 };
@@ -91,8 +92,8 @@ static int pread_start(const struct fsti_source *src, void *state, int slot, uin
 	return pread_read(src, state, file, off, len, buf, err);
 }
 
-static int pread_wait(const struct fsti_source *src, void *state, int slot, const char **where,
-		      fst_error *err)
+int fsti_sync_wait(const struct fsti_source *src, void *state, int slot, const char **where,
+		   fst_error *err)
 {
 	(void)src;
 	(void)err;
@@ -123,7 +124,7 @@ const struct fsti_reader fsti_reader_pread = {
 	.worker_init = pread_init,
 	.read_exact = pread_read,
 	.start = pread_start,
-	.wait = pread_wait,
+	.wait = fsti_sync_wait,
 	.worker_fini = pread_fini,
 	.prefetch = pread_prefetch,
 };

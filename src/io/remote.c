@@ -7,9 +7,10 @@
  */
 #include "io.h"
 
+/* where[] first: fsti_sync_wait reads it */
 struct remote_worker {
+	const char *where[FSTI_SLOTS];
 	struct fsti_conn *conn;
-	char *where[FSTI_SLOTS];
 };
 
 bool fsti_checkpoint_is_remote(const fst_checkpoint *ck)
@@ -42,9 +43,7 @@ static int remote_read(const struct fsti_source *src, void *state, uint32_t file
 	const fst_file *f = fst_checkpoint_file(src->ck, file);
 	if (f->remote)
 		return fsti_object_read(w->conn, f->remote, off, len, dst, src->stop, err);
-	if (f->fd < 0 && f->mem)
-		return fsti_copy_from_image(f, off, len, dst, err);
-	return fsti_pread_exact(f->fd, f->path, dst, len, off, err);
+	return fsti_reader_pread.read_exact(src, NULL, file, off, len, dst, err);
 }
 
 /* Synchronous, as pread's: start reads, wait only says where. */
@@ -54,15 +53,6 @@ static int remote_start(const struct fsti_source *src, void *state, int slot, ui
 	struct remote_worker *w = state;
 	w->where[slot] = buf;
 	return remote_read(src, state, file, off, len, buf, err);
-}
-
-static int remote_wait(const struct fsti_source *src, void *state, int slot, const char **where,
-		       fst_error *err)
-{
-	(void)src;
-	(void)err;
-	*where = ((struct remote_worker *)state)->where[slot];
-	return 0;
 }
 
 static void remote_fini(void *state)
@@ -82,6 +72,6 @@ const struct fsti_reader fsti_reader_remote = {
 	.worker_init = remote_init,
 	.read_exact = remote_read,
 	.start = remote_start,
-	.wait = remote_wait,
+	.wait = fsti_sync_wait,
 	.worker_fini = remote_fini,
 };
