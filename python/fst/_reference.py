@@ -27,15 +27,19 @@ def _backend(backend) -> Optional[str]:
     return backend
 
 
-def _backend_options(backend, device, options: dict) -> dict:
+def _is_url(path) -> bool:
+    return isinstance(path, str) and "://" in path
+
+
+def _backend_options(backend, device, options: dict, url: bool = False) -> dict:
     """The load options a reference backend stands for. "mmap" on the CPU is
     fst's io=mmap over private copy-on-write mappings: tensors over the page
     cache that may be written, as the reference's are (fst's read-only
     io=mmap views would kill the process on a write). On a GPU the bytes
     must be copied anyway, so "mmap" is fst's own GPU path; "pread" is
-    io=pread everywhere."""
+    io=pread everywhere. A URL has neither: its bytes are fetched (io=auto)."""
     backend = _backend(backend)
-    if backend is None or options.get("io") is not None:
+    if backend is None or url or options.get("io") is not None:
         return options  # fst's own io=, when given, says more than a backend
     if backend == "pread":
         return {**options, "io": "pread"}
@@ -49,14 +53,13 @@ def load_file(filename, device="cpu", framework="pt", *, backend=None,
     """Like safetensors.torch.load_file (framework='pt') or
     safetensors.numpy.load_file (framework='numpy'); backend='mmap' or
     'pread' as there, or fst's load options (io=...); for a URL the open
-    options too (endpoint=...), and the CPU default is a copy, not a
-    mapping."""
+    options too (endpoint=...), and its tensors are fetched whatever the
+    backend (there is no mapping of a remote file)."""
     remote = _remote(options)
     _check_options("load_file", options)
     fw = _framework(framework)
-    url = isinstance(filename, str) and "://" in filename
-    kw = _load_kwargs(device, fw, **(options if url and backend is None
-                                     else _backend_options(backend, device, options)))
+    kw = _load_kwargs(device, fw, **_backend_options(backend, device, options,
+                                                     _is_url(filename)))
     if fw == "pt":
         _need_torch()
     ck = _open(filename, remote)

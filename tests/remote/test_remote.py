@@ -75,6 +75,8 @@ def test_nginx_python_package(nginx, root):
     assert got == want
     got = fst.load_file(f"{nginx}/one/model.safetensors", framework="numpy")
     assert {n: a.tobytes() for n, a in got.items()} == want
+    with fst.safe_open(f"{nginx}/one/model.safetensors", framework="numpy") as f:
+        assert {n: f.get_tensor(n).tobytes() for n in f.keys()} == want
     ck = fst.Checkpoint(f"{nginx}/ck/model.safetensors.index.json")
     assert sorted(ck.keys()) == sorted(reference(root / "ck"))
 

@@ -23,6 +23,7 @@ from ... import (
     UsageError,
     _backend,
     _backend_options,
+    _is_url,
     _check_metadata,
     _check_options,
     _check_target,
@@ -241,7 +242,10 @@ class safe_open:
             raise UsageError(f'device "{dev}": expected cpu, cuda or cuda:N', -1)
         _check_target(dev, fw)
         self._backend = _backend(backend)
-        kw = _load_kwargs(dev, fw, **_backend_options(self._backend, dev, options))
+        url = _is_url(filename)
+        if url:
+            self._backend = None  # a URL's bytes are fetched, never mapped
+        kw = _load_kwargs(dev, fw, **_backend_options(self._backend, dev, options, url))
         # torch slices of an mmap'd file are torch's own indexing of the
         # tensor, in the reference too; everything else goes through its
         # stricter indexer
