@@ -1,17 +1,14 @@
 """The remote tests' servers, each started on a loopback port of its own and
-stopped at the end of the session: nginx (Debian's, run as this user with a
-config written here, never the packaged service), moto's S3 server, and the
-fault-injecting server of server.py. A test whose server is not installed
+stopped at the end of the session (servers.py): nginx (Debian's, run as this
+user with a config of its own, never the packaged service), moto's S3 server,
+and the fault-injecting server of server.py. A test whose server is not installed
 skips saying so; scripts/install-deps.sh installs them all, so CI runs
 every test. The checkpoints are written by `fst gen`."""
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -19,41 +16,12 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python"))
+sys.path.insert(0, str(HERE))
 
 import fsttest  # noqa: E402
+from servers import free_port, nginx_path, start_fault_server, start_nginx, stop, wait_http  # noqa: E402
 
 FAKE_KEY, FAKE_SECRET = "AKIAFAKEFAKEFAKE", "fake-secret"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url, proc, timeout=20):
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except urllib.error.HTTPError:
-            return  # it answers
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"no answer from {url} in {timeout} s")
-
-
-def stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -83,52 +51,21 @@ def root(tmp_path_factory):
 def fault(root, tmp_path_factory):
     """(base URL, request log) of server.py serving root."""
     log = tmp_path_factory.mktemp("fault") / "requests.jsonl"
-    proc = subprocess.Popen([sys.executable, str(HERE / "server.py"), "--dir", str(root),
-                             "--log", str(log)], stdout=subprocess.PIPE, text=True)
-    port = int(proc.stdout.readline())
-    yield f"http://127.0.0.1:{port}", log
+    url, proc = start_fault_server(root, log)
+    yield url, log
     stop(proc)
 
 
 @pytest.fixture(scope="session")
 def nginx(root, tmp_path_factory):
     """Base URL of nginx serving root."""
-    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
-    if not exe:
+    if not nginx_path():
         pytest.skip("nginx is not installed (scripts/install-deps.sh installs Debian's nginx)")
-    prefix = tmp_path_factory.mktemp("nginx")
-    port = free_port()
-    user = f"user {os.environ.get('USER', 'root')};" if os.geteuid() == 0 else ""
-    conf = prefix / "nginx.conf"
-    conf.write_text(f"""
-{user}
-worker_processes 2;
-daemon off;
-pid {prefix}/nginx.pid;
-error_log {prefix}/error.log warn;
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-    client_body_temp_path {prefix}/body;
-    proxy_temp_path {prefix}/proxy;
-    fastcgi_temp_path {prefix}/fastcgi;
-    uwsgi_temp_path {prefix}/uwsgi;
-    scgi_temp_path {prefix}/scgi;
-    sendfile on;
-    keepalive_requests 100000;
-    server {{
-        listen 127.0.0.1:{port};
-        root {root};
-    }}
-}}
-""")
-    proc = subprocess.Popen([exe, "-p", str(prefix), "-c", str(conf)], stderr=subprocess.PIPE)
     try:
-        wait_http(f"http://127.0.0.1:{port}/", proc)
+        url, proc = start_nginx(root, tmp_path_factory.mktemp("nginx"))
     except RuntimeError as e:
-        stop(proc)
-        pytest.fail(f"nginx did not start: {e}: {proc.stderr.read().decode()[-2000:]}")
-    yield f"http://127.0.0.1:{port}"
+        pytest.fail(str(e))
+    yield url
     stop(proc)
 
 
