@@ -181,7 +181,8 @@ typedef struct fst_file fst_file;
 /*
  * Open and validate a safetensors file. Every rule of the format is checked
  * before this returns (see docs/design.md, "Format rules"); the data section
- * is not read. The file stays open (read-only) until fst_file_close (since 0.1).
+ * is not read. The file stays open (read-only) until fst_file_close. path
+ * may be a URL (see "remote sources" below) (since 0.1).
  */
 FST_API int fst_file_open(const char *path, fst_file **out, fst_error *err);
 
@@ -242,6 +243,8 @@ FST_API const char *fst_file_metadata_get(const fst_file *file, const char *key)
  * checked: every shard it names must exist and be valid, every mapped tensor
  * must be in its shard, and no tensor name may appear in two shards. Tensors
  * present in a shard but missing from the map are kept, with a warning.
+ * path may be a URL of any of these, an S3 folder listed as a directory
+ * (see "remote sources" below).
  */
 typedef struct fst_checkpoint fst_checkpoint;
 
