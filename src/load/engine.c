@@ -237,6 +237,7 @@ static int choose_remote(struct fsti_engine *e, const fst_load_opts *asked, fst_
 		return fsti_err(err, FST_EUSAGE,
 				"gds=on: %s is remote, and GPUDirect Storage reads local files only", url);
 	e->opts.gds = FST_GDS_OFF;
+	e->cached = -1; /* no page cache, no readahead */
 	e->reader = &fsti_reader_remote;
 	/* concurrency and request size are the network's, not the CPUs' */
 	if (!asked || !asked->threads)
