@@ -6,7 +6,7 @@
  * (with the real enums for CURLcode, CURLoption and CURLINFO, which our
  * header writes as int, of the same size). All static assertions: a
  * mismatch fails the build. At run time, libcurl.so.4 has every symbol of
- * the table, as net/curl.c resolves them. Nothing links against libcurl. */
+ * the table, as net/curl.c resolves them (opened, not linked). */
 #include <curl/curl.h>
 
 /* Ours, with the real types where ours are int or our own struct. */
@@ -77,9 +77,9 @@ static void test_library_has_the_table(void **state)
 	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
 		if (!dlsym(h, names[i]))
 			fail_msg("libcurl.so.4 lacks %s", names[i]);
-	char *(*version)(void) = (char *(*)(void))dlsym(h, "curl_version");
-	printf("%s: our declarations match <curl/curl.h> " LIBCURL_VERSION "\n", version());
-	dlclose(h);
+	/* kept open, as libfst keeps it: what its constructors allocated stays
+	 * reachable (LeakSanitizer) */
+	printf("our declarations match <curl/curl.h> " LIBCURL_VERSION "\n");
 }
 
 int main(void)
