@@ -90,13 +90,16 @@ test-engines: deps
 	@$(MAKE) --no-print-directory all
 	bash tests/engines/run.sh $(BUILD)
 
-# The binary wheel, into dist/: fst-loader for x86-64 Linux, manylinux_2_28,
-# libfst, the extension and the fst command compiled by zig for glibc 2.28,
-# jansson and liburing from Debian's sources (scripts/build-wheel.sh;
-# docs/design.md, "Distribution"). WHEEL_PYTHON=python3.12 builds it for
-# another Python (the default: python3's version).
+# The binary wheels, into dist/: fst-loader for x86-64 and aarch64 Linux,
+# manylinux_2_28, libfst, the extension and the fst command compiled by zig
+# for glibc 2.28, jansson and liburing from Debian's sources
+# (scripts/build-wheel.sh; docs/design.md, "Distribution"). WHEEL_ARCH=x86_64
+# or aarch64 builds one (default all). WHEEL_PYTHON=python3.12 builds them
+# for another Python (the default: python3's version; aarch64 needs Debian's
+# libpython3.X-dev:arm64 of that version).
+WHEEL_ARCH ?= all
 wheel: deps
-	@$(if $(WHEEL_PYTHON),PYTHON=$(WHEEL_PYTHON)) bash scripts/build-wheel.sh dist
+	@$(if $(WHEEL_PYTHON),PYTHON=$(WHEEL_PYTHON)) WHEEL_ARCH=$(WHEEL_ARCH) bash scripts/build-wheel.sh dist
 
 # The source distribution, into dist/ (it builds with the system's compiler,
 # as `pip install .` does).
