@@ -72,14 +72,16 @@ test-gpu: deps
 
 # libfst, the CLI and the C tests cross-built for aarch64 Linux
 # (cmake/aarch64-linux-gnu.cmake), the unit tests, the module check and the
-# fuzz corpora run under qemu-user; docs/testing.md says what skips there.
-# FST_AARCH64=0 (which also skips installing the cross toolchain) skips it.
+# fuzz corpora run under qemu-user, and the wheel tier on the aarch64 wheel:
+# the Python suite in an aarch64 Python under qemu-user; docs/testing.md says
+# what skips there. FST_AARCH64=0 (which also skips installing the cross
+# toolchain and the aarch64 Python) skips it.
 test-aarch64: deps
 	@if [ "$${FST_AARCH64:-1}" = 0 ]; then echo "test-aarch64: skipped (FST_AARCH64=0)"; else \
 	set -ex; \
 	cmake -S . -B $(BUILD)-aarch64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/aarch64-linux-gnu.cmake; \
 	cmake --build $(BUILD)-aarch64 -j $(JOBS); \
-	cd $(BUILD)-aarch64 && ctest --output-on-failure -j $(JOBS) -L '^(unit|fuzz)$$'; fi
+	cd $(BUILD)-aarch64 && ctest --output-on-failure -j $(JOBS) -L '^(unit|fuzz|wheel)$$'; fi
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-tsan $(BUILD)-aarch64 build-wheel
