@@ -13,6 +13,9 @@ import numpy as np
 from safetensors import deserialize, safe_open
 
 REPO = Path(__file__).resolve().parents[2]
+# The emulator the suite runs under, as who starts it says (tests/wheel/run.sh:
+# qemu-aarch64 for the aarch64 wheel), else "".
+EMULATOR = os.environ.get("FST_TEST_EMULATOR", "")
 FST_BIN = Path(os.environ.get("FST_BIN") or REPO / "build" / "fst")
 FST_LIB = Path(os.environ.get("FST_LIB") or FST_BIN.parent / "libfst.so")
 

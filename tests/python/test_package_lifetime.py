@@ -120,6 +120,12 @@ def test_memory_freed_with_the_last_array(fst_pkg, big):
 
 
 def test_rss_bounded_over_many_loads(fst_pkg, big):
+    """Resident memory stays within half a load over 12 loads. Under
+    qemu-user (fsttest.EMULATOR) every thread a process has started keeps
+    about 270 KiB after it ends, qemu's memory (bare Python threads do the
+    same; natively they keep none), so it grows with each load's threads:
+    there the bound is a tenth of a load a round, which a load's buffer lost
+    each round still exceeds ten times."""
     path, want = big
     fst = fst_pkg
     fst.load_file(path, framework="numpy")
@@ -137,7 +143,8 @@ def test_rss_bounded_over_many_loads(fst_pkg, big):
         del d, f, item
         gc.collect()
         peak = max(peak, rss() - r0)
-    assert peak < 0.5 * BIG, f"resident memory grew by {peak / MiB:.0f} MiB over 12 loads"
+    bound = 12 * BIG / 10 if fsttest.EMULATOR else 0.5 * BIG
+    assert peak < bound, f"resident memory grew by {peak / MiB:.0f} MiB over 12 loads"
 
 
 def test_dlpack_capsules_release_their_reference(fst_pkg, big):

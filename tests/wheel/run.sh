@@ -54,7 +54,7 @@ if [ "$arch" = aarch64 ]; then
 	printf '#!/bin/sh\nexec %q -L %q %q "$@"\n' "$(command -v qemu-aarch64)" "$emu/root" \
 		"$venv/bin/fst" >"$fst"
 	chmod +x "$fst"
-	env_vars=(PYTHONPATH="$emu/site")
+	env_vars=(PYTHONPATH="$emu/site" FST_TEST_EMULATOR=qemu-aarch64)
 else
 	"$tools/bin/python" -m venv "$venv"
 	PYTHON=$venv/bin/python FST_ENGINES=0 FST_WHEEL=0 FST_AARCH64=0 bash "$repo/scripts/install-deps.sh"
