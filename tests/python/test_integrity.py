@@ -126,16 +126,16 @@ def test_check_every_reader_and_block(big_ckpt, tmp_path, block):
          "trees": {n: tree(d, block) for n, d in data.items()}}
     man = tmp_path / "m.json"
     man.write_text(json.dumps(m))
-    for args in (["--io", "pread"], ["--io", "uring"], ["--io", "mmap"],
-                 ["--io", "pread", "--chunk", "12KiB"], ["--io", "uring", "--chunk", "64KiB"],
-                 ["--threads", "1"]):
+    for args in fsttest.io_cases(["--io", "pread"], ["--io", "uring"], ["--io", "mmap"],
+                                 ["--io", "pread", "--chunk", "12KiB"],
+                                 ["--io", "uring", "--chunk", "64KiB"], ["--threads", "1"]):
         r = check(big_ckpt, man, *args)
         assert r.returncode == 0, (args, r.stderr)
         assert f"checked {len(data)} tensors against {man}" in r.stdout
     name = max(data, key=lambda n: len(data[n]))
     bad = dict(m, trees=dict(m["trees"], **{name: "0" * 32}))
     (tmp_path / "bad.json").write_text(json.dumps(bad))
-    r = check(big_ckpt, tmp_path / "bad.json", "--io", "uring")
+    r = check(big_ckpt, tmp_path / "bad.json", "--io", fsttest.io_cases("uring", "pread")[0])
     assert r.returncode == 3 and f'tensor "{name}"' in r.stderr and "0" * 32 in r.stderr
 
 
@@ -155,7 +155,7 @@ def test_check_detects_a_changed_byte(big_ckpt, tmp_path):
     raw = bytearray(f.read_bytes())
     raw[start + (b + e) // 2] ^= 0x20
     f.write_bytes(bytes(raw))
-    for io in ("pread", "uring", "mmap"):
+    for io in fsttest.io_cases("pread", "uring", "mmap"):
         r = check(copy, man, "--io", io)
         assert r.returncode == 3, (io, r.stderr)
         assert f'tensor "{name}": XXH3-128 tree' in r.stderr
@@ -168,7 +168,7 @@ def test_manifest_then_check(ckpt, tmp_path):
     m = json.loads(man.read_text())
     assert m["format"] == "fst-manifest-1"
     assert set(m["files"]) == {f.name for f in ckpt.glob("*.safetensors")}
-    for io in ("pread", "uring", "mmap"):
+    for io in fsttest.io_cases("pread", "uring", "mmap"):
         r = check(ckpt, man, "--io", io)
         assert r.returncode == 0, r.stderr
         assert f"checked {len(m['tensors'])} tensors against {man}" in r.stdout
@@ -216,7 +216,7 @@ def test_check_onto_a_gpu_double(big_ckpt, tmp_path, cuda_double):
              "trees": {n: tree(d, block) for n, d in data.items()}}
         man = tmp_path / f"m{block}.json"
         man.write_text(json.dumps(m))
-        for args in (["--io", "pread"], ["--io", "uring", "--staging", "1MiB"]):
+        for args in fsttest.io_cases(["--io", "pread"], ["--io", "uring", "--staging", "1MiB"]):
             r = fsttest.fst("load", big_ckpt, "--check", man, "--no-progress", "--device",
                             "cuda:0", *args, env=env)
             assert r.returncode == 0, (block, args, r.stderr)

@@ -9,7 +9,15 @@ import json
 import numpy as np
 import pytest
 
+import fsttest
 from fsttest import Header, file_bytes, write_safetensors
+
+
+def io_numbers():
+    """_fst.load's io numbers of the readers the loads go through: auto, pread
+    and, where it loads, uring."""
+    return tuple({"auto": 0, "pread": 1, "uring": 2}[io]
+                 for io in fsttest.io_cases("auto", "pread", "uring"))
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +76,7 @@ for path, wf in (({single!r}, {w1!r}), ({sharded!r}, {w2!r})):
     want = json.load(open(wf))
     ck = _fst.Checkpoint(path)
     for dev, devid in (("cuda:0", 0), ("cuda:1", 1), ("cuda", 0)):
-        for io in (0, 1, 2):
+        for io in {io_numbers()!r}:
             buf = _fst.load(ck, device=dev, io=io)
             assert sorted(buf.names()) == sorted(want)
             assert "GPU" in buf.describe() or "cuda" in buf.describe(), buf.describe()
@@ -127,7 +135,7 @@ import ctypes
 dbl = ctypes.CDLL({cuda_double!r})
 want = json.load(open({want_file(tmp_path, sharded)!r}))
 ck = _fst.Checkpoint({sharded!r})
-for io in (0, 1, 2):
+for io in {io_numbers()!r}:
     buf = _fst.load(ck, device="cuda:0", io=io)
     assert "unified memory" in buf.describe(), buf.describe()
     assert dbl.fst_double_live_mapped() == 1

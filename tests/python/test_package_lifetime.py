@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pytest
 
+import fsttest
 from fsttest import write_safetensors
 
 MiB = 1 << 20
@@ -119,6 +120,12 @@ def test_memory_freed_with_the_last_array(fst_pkg, big):
 
 
 def test_rss_bounded_over_many_loads(fst_pkg, big):
+    """Resident memory stays within half a load over 12 loads. Under
+    qemu-user (fsttest.EMULATOR) every thread a process has started keeps
+    about 270 KiB after it ends, qemu's memory (bare Python threads do the
+    same; natively they keep none), so it grows with each load's threads:
+    there the bound is a tenth of a load a round, which a load's buffer lost
+    each round still exceeds ten times."""
     path, want = big
     fst = fst_pkg
     fst.load_file(path, framework="numpy")
@@ -136,7 +143,8 @@ def test_rss_bounded_over_many_loads(fst_pkg, big):
         del d, f, item
         gc.collect()
         peak = max(peak, rss() - r0)
-    assert peak < 0.5 * BIG, f"resident memory grew by {peak / MiB:.0f} MiB over 12 loads"
+    bound = 12 * BIG / 10 if fsttest.EMULATOR else 0.5 * BIG
+    assert peak < bound, f"resident memory grew by {peak / MiB:.0f} MiB over 12 loads"
 
 
 def test_dlpack_capsules_release_their_reference(fst_pkg, big):
@@ -173,7 +181,8 @@ def test_open_descriptors_stay_constant(fst_pkg, big, gen_dir):
     n0 = open_fds()
     for _ in range(5):
         for target in (path, d):
-            fst.load(target, framework="numpy", io="uring")
+            for io in fsttest.io_cases("uring"):
+                fst.load(target, framework="numpy", io=io)
             fst.load(target, framework="numpy", io="mmap")
             with fst.safe_open(target, framework="numpy") as f:
                 f.keys()

@@ -11,6 +11,7 @@ import types
 import numpy as np
 import pytest
 
+import fsttest
 from fsttest import Header, file_bytes, write_safetensors
 
 MiB = 1 << 20
@@ -51,12 +52,13 @@ def test_loads_from_four_threads(fst_pkg, ckpt):
     files = sorted(str(f) for f in ckpt.glob("*.safetensors"))
     errors, done = [], []
     start = threading.Barrier(4)
+    ios = fsttest.io_cases("auto", "pread", "uring", "mmap")
 
     def worker(k):
         try:
             start.wait()
             for i in range(10):
-                io = ["auto", "pread", "uring", "mmap"][(k + i) % 4]
+                io = ios[(k + i) % len(ios)]
                 if i % 3 == 2:
                     got = dict(fst_pkg.iter_tensors(files, framework="numpy", io=io))
                 elif i % 3 == 1:
