@@ -167,16 +167,20 @@ void fsti_cuda_release_device_buffer(struct fst_buffer *b)
 		free_in_context(b, b->base, false);
 }
 
+/* The driver, with the load's device current on this thread. */
+static int use_buffer_device(struct fsti_engine *e, const struct fsti_cuda **cu, fst_error *err)
+{
+	int rc = fsti_cuda_get(cu, err);
+	return rc ? rc : fsti_cuda_use_device(*cu, e->buf->device_id, err);
+}
+
 static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 {
 	const struct fsti_cuda *cu;
-	int rc = fsti_cuda_get(&cu, err);
+	int rc = use_buffer_device(e, &cu, err);
 	if (rc)
 		return rc;
 	struct fst_buffer *b = e->buf;
-	rc = fsti_cuda_use_device(cu, b->device_id, err);
-	if (rc)
-		return rc;
 	struct cuda_load *l = fsti_calloc(1, sizeof *l);
 	if (!l)
 		return fsti_err(err, FST_ENOMEM, "out of memory");
@@ -471,13 +475,10 @@ static void release_unified(struct fst_buffer *b)
 int fsti_unified_alloc(struct fsti_engine *e, fst_error *err)
 {
 	const struct fsti_cuda *cu;
-	int rc = fsti_cuda_get(&cu, err);
+	int rc = use_buffer_device(e, &cu, err);
 	if (rc)
 		return rc;
 	struct fst_buffer *b = e->buf;
-	rc = fsti_cuda_use_device(cu, b->device_id, err);
-	if (rc)
-		return rc;
 	uint64_t size = e->plan.dst_size ? e->plan.dst_size : 1;
 	void *host = NULL;
 	CUresult r = fsti_fault("device_alloc")
