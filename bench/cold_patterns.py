@@ -18,14 +18,13 @@ import glob
 import json
 import mmap
 import os
-import queue
 import shlex
 import subprocess
 import sys
 import threading
 import time
 
-from coldcache import make_cold, scrub_files
+from coldcache import make_cold, read_pattern, scrub_files
 
 MiB = 1 << 20
 
@@ -71,60 +70,6 @@ def read_ahead_pattern(files, threads, req, ahead):
     for fd in fds:
         os.close(fd)
     assert total[0] == sum(r[2] for r in reqs)
-
-
-def read_pattern(files, threads, req, direct, per_file):
-    """Every byte of files with `threads` threads of `req`-byte preads into
-    aligned buffers; per_file: threads split among the files, each group
-    reading its file in order; else one queue of requests in file order."""
-    flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
-    fds = [os.open(p, flags) for p in files]
-    sizes = [os.fstat(fd).st_size for fd in fds]
-    if not direct:
-        for fd in fds:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-    work = []
-    if per_file:
-        per = max(1, threads // len(files))
-        queues = []
-        for fd, size in zip(fds, sizes):
-            q = queue.Queue()
-            for off in range(0, size, req):
-                q.put((fd, off))
-            queues.append(q)
-        work = [queues[i % len(queues)] for i in range(per * len(files))]
-    else:
-        q = queue.Queue()
-        for fd, size in zip(fds, sizes):
-            for off in range(0, size, req):
-                q.put((fd, off))
-        work = [q] * threads
-    total = [0]
-    lock = threading.Lock()
-
-    def worker(q):
-        buf = mmap.mmap(-1, req)
-        mv = memoryview(buf)
-        n = 0
-        while True:
-            try:
-                fd, off = q.get_nowait()
-            except queue.Empty:
-                break
-            n += os.preadv(fd, [mv], off)
-        with lock:
-            total[0] += n
-        mv.release()
-        buf.close()
-
-    ts = [threading.Thread(target=worker, args=(q,)) for q in work]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    for fd in fds:
-        os.close(fd)
-    assert total[0] == sum(sizes), (total[0], sum(sizes))
 
 
 def main():
