@@ -92,6 +92,24 @@ static void test_staging_pages(void **state)
 		assert_int_equal(ch_live_host() - ch_pinned_base, 0);
 	}
 	unsetenv("FST_STAGING_PAGES");
+	/* huge-page memory refused: the blocks come from cuMemHostAlloc and the
+	 * load goes on, its bytes whole */
+	fst_trim();
+	long r0 = live_registered();
+	fst_error err;
+	assert_int_equal(fst_fault_set("host_alloc:1+", &err), 0);
+	fst_load_opts o;
+	ch_opts(&o, "cuda:0", FST_IO_PREAD, 2, 2 * MiB);
+	fst_buffer *buf = NULL;
+	int rc = fst_load(c.ck, &o, &buf, &err);
+	fst_fault_set(NULL, NULL);
+	if (rc)
+		fail_msg("without huge-page memory: %s", err.message);
+	ch_assert_buffer(&c, buf, 0);
+	fst_buffer_release(buf);
+	assert_int_equal(live_registered(), r0);
+	assert_true(ch_live_host() - ch_pinned_base >= 1);
+	fst_trim();
 	ch_assert_clean("after trimming", c.host_base);
 	ch_close(&c);
 }
