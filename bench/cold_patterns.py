@@ -16,60 +16,15 @@ otherwise every file is evicted with posix_fadvise(DONTNEED).
 import argparse
 import glob
 import json
-import mmap
 import os
 import shlex
 import subprocess
 import sys
-import threading
 import time
 
-from coldcache import make_cold, read_pattern, scrub_files
+from coldcache import make_cold, read_ahead_pattern, read_pattern, scrub_files
 
 MiB = 1 << 20
-
-
-def read_ahead_pattern(files, threads, req, ahead):
-    """Buffered preads of `req` bytes by `threads` threads from one queue in
-    file order, each request taken asking the kernel (WILLNEED) for the one
-    `ahead` bytes later: what fst's readahead does."""
-    fds = [os.open(p, os.O_RDONLY) for p in files]
-    reqs = [(fd, off, min(req, os.fstat(fd).st_size - off)) for fd in fds
-            for off in range(0, os.fstat(fd).st_size, req)]
-    k = max(1, ahead // req)
-    nxt = [0]
-    lock = threading.Lock()
-    total = [0]
-
-    def worker():
-        buf = mmap.mmap(-1, req)
-        mv = memoryview(buf)
-        n = 0
-        while True:
-            with lock:
-                i = nxt[0]
-                nxt[0] += 1
-            if i >= len(reqs):
-                break
-            for j in (range(1, k + 1) if i == 0 else (i + k,)):
-                if j < len(reqs):
-                    fd, off, ln = reqs[j]
-                    os.posix_fadvise(fd, off, ln, os.POSIX_FADV_WILLNEED)
-            fd, off, ln = reqs[i]
-            n += os.preadv(fd, [mv[:ln]], off)
-        with lock:
-            total[0] += n
-        mv.release()
-        buf.close()
-
-    ts = [threading.Thread(target=worker) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    for fd in fds:
-        os.close(fd)
-    assert total[0] == sum(r[2] for r in reqs)
 
 
 def main():

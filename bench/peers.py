@@ -8,15 +8,27 @@ in the same round. A markdown table on stdout, JSON with --json.
 
   python3 bench/make_checkpoints.py /tmp/ck          # 16 GB dense, 13.8 GB MXFP4
   python3 bench/peers.py /tmp/ck/llama3-8b --device cuda:0 --rounds 2 \\
-      [--peer-site DIR] [--only fst.load,fastsafetensors] [--no-cold] [--json out.json]
+      [--peer-site DIR] [--only fst.load,fastsafetensors] [--no-cold | --no-warm]
+      [--scrub DIR] [--json out.json]
 
 Loaders (a peer that does not import is reported and left out; LOADER+NAME=VALUE
 runs LOADER with one more environment variable, e.g. fst.load+FST_STAGING_PAGES=driver):
-  fst.load, fst.iter_tensors   this package
+  fst.load, fst.iter_tensors   this package (iter_tensors collected into a dict)
+  fst.iter_into_params         fst.iter_tensors with the consumer an engine's load_weights
+                               is: each tensor copied into a parameter allocated before the
+                               clock starts (torch.empty of the header's dtype and shape)
   safetensors                  the reference: safetensors.torch.load_file per file
   fastsafetensors              SafeTensorsFileLoader(nogds=True) and copy_files_to_device
   instanttensor                instanttensor.safe_open(files, device=N), f.tensors()
+                               (its default backend: direct I/O)
+  instanttensor.buffered       the same with backend=BackendPolicy.BUFFERED
   runai                        runai_model_streamer's SafetensorsStreamer to the CPU, then .to(device)
+Read patterns (cold passes only; the parent reads every byte into host memory, nothing
+onto the device; the best of them is what the disk gives, and each loader's cold figure
+is also a ratio to it):
+  read:direct                  16 threads x 64 MiB preads with O_DIRECT
+  read:buffered                16 threads x 64 MiB buffered preads
+  read:willneed                16 threads x 4 MiB buffered preads, WILLNEED 1 GiB ahead
 Cold needs root for /proc/sys/vm/drop_caches; otherwise each file is evicted
 with posix_fadvise(DONTNEED).
 """
@@ -30,10 +42,21 @@ import subprocess
 import sys
 import time
 
-from coldcache import make_cold, scrub_files
+from coldcache import make_cold, read_ahead_pattern, read_pattern, scrub_files
 
-LOADERS = ["fst.load", "fst.iter_tensors", "safetensors", "fastsafetensors", "instanttensor",
-           "runai"]
+LOADERS = ["fst.load", "fst.iter_tensors", "fst.iter_into_params", "safetensors",
+           "fastsafetensors", "instanttensor", "instanttensor.buffered", "runai",
+           "read:direct", "read:buffered", "read:willneed"]
+MiB = 1 << 20
+PATTERNS = {"read:direct": lambda f: read_pattern(f, 16, 64 * MiB, True, False),
+            "read:buffered": lambda f: read_pattern(f, 16, 64 * MiB, False, False),
+            "read:willneed": lambda f: read_ahead_pattern(f, 16, 4 * MiB, 1 << 30)}
+
+# safetensors dtype names as torch dtypes (for the preallocated parameters)
+TORCH_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+                "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+                "U16": "uint16", "U32": "uint32", "U64": "uint64"}
 
 
 def files_of(path):
@@ -49,7 +72,31 @@ def warm(files):
 
 # ---- the child: one loader, one load, optionally checked
 
-def load_with(name, path, files, device):
+def headers(files):
+    """(file, offset of its data, {name: meta}) for each file."""
+    import struct
+    out = []
+    for f in files:
+        with open(f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            h = json.loads(fh.read(n))
+        h.pop("__metadata__", None)
+        out.append((f, 8 + n, h))
+    return out
+
+
+def prepare(name, files, device):
+    """What a loader is given before the clock starts: the parameters
+    fst.iter_into_params copies into, as an engine allocates its model first."""
+    if name != "fst.iter_into_params":
+        return None
+    import torch
+    return {k: torch.empty(m["shape"], dtype=getattr(torch, TORCH_DTYPES[m["dtype"]]),
+                           device=device)
+            for _, _, h in headers(files) for k, m in h.items()}
+
+
+def load_with(name, path, files, device, params=None):
     """{tensor name: tensor} (or an iterator of pairs) by loader `name`."""
     import torch
     dev_index = (torch.device(device).index or 0) if device.startswith("cuda") else None
@@ -59,6 +106,11 @@ def load_with(name, path, files, device):
     if name == "fst.iter_tensors":
         import fst
         return dict(fst.iter_tensors(path, device=device))
+    if name == "fst.iter_into_params":
+        import fst
+        for k, t in fst.iter_tensors(path, device=device):
+            params[k].copy_(t)
+        return params
     if name == "safetensors":
         from safetensors.torch import load_file
         out = {}
@@ -72,13 +124,15 @@ def load_with(name, path, files, device):
         fb = ld.copy_files_to_device()
         out = {k: fb.get_tensor(k) for k in ld.get_keys()}
         return out, (fb, ld)  # kept open until checked
-    if name == "instanttensor":
+    if name in ("instanttensor", "instanttensor.buffered"):
         import instanttensor
+        backend = instanttensor.BackendPolicy.BUFFERED if name.endswith("buffered") else None
         out = {}
-        with instanttensor.safe_open(files, framework="pt",
+        # copy=True (its default): the tensors it yields own their memory
+        with instanttensor.safe_open(files, framework="pt", backend=backend,
                                      device=dev_index if dev_index is not None else "cpu") as f:
             for k, t in f.tensors():
-                out[k] = t.clone()  # its tensors are views of a reused buffer
+                out[k] = t
         return out
     if name == "runai":
         from runai_model_streamer import SafetensorsStreamer
@@ -94,16 +148,10 @@ def load_with(name, path, files, device):
 def check(tensors, files):
     """Every tensor of the files present once, with the file's bytes."""
     import numpy as np
-    import struct
     seen = 0
-    for f in files:
+    for f, base, header in headers(files):
         with open(f, "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            header = json.loads(fh.read(n))
-            base = 8 + n
             for k, meta in header.items():
-                if k == "__metadata__":
-                    continue
                 if k not in tensors:
                     return f"{k} missing"
                 a, b = meta["data_offsets"]
@@ -134,9 +182,13 @@ def child(a):
         torch.zeros(1, device=a.device)
         torch.cuda.synchronize()
         free0 = torch.cuda.mem_get_info(torch.device(a.device))[0]
+    name = a.child.split("+")[0]
+    params = prepare(name, files, a.device)
+    if cuda:
+        torch.cuda.synchronize()
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    got = load_with(a.child.split("+")[0], a.path, files, a.device)
+    got = load_with(name, a.path, files, a.device, params)
     keep = None
     if isinstance(got, tuple):
         got, keep = got
@@ -158,31 +210,38 @@ def child(a):
 
 # ---- the parent
 
-def limits(fst_bin, path, device, cold):
-    """The machine's limits of this round, from `fst bench --json`."""
+def limits(fst_bin, path, device):
+    """The machine's warm limits of this round, from `fst bench --json`."""
     if not fst_bin:
         return {}
     cmd = [fst_bin, "bench", path, "--device", device, "--runs", "1", "--json",
-           "--no-reference"] + ([] if cold else ["--no-cold"])
+           "--no-reference", "--no-cold"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         return {"error": r.stderr.strip()[-300:]}
     rows = {row["name"]: row["gbps"] for row in json.loads(r.stdout)["rows"]}
     return {"pread": rows.get("parallel pread limit (warm)"),
-            "pinned_copy": rows.get("pinned host-to-device copy limit"),
-            "odirect": rows.get("O_DIRECT read limit (cold)")}
+            "pinned_copy": rows.get("pinned host-to-device copy limit")}
 
 
 def importable(name, env):
+    if name in PATTERNS:
+        return True, ""
     mod = {"fst.load": "fst", "fst.iter_tensors": "fst", "safetensors": "safetensors",
            "fastsafetensors": "fastsafetensors", "instanttensor": "instanttensor",
-           "runai": "runai_model_streamer"}[name.split("+")[0]]
+           "runai": "runai_model_streamer", "fst.iter_into_params": "fst",
+           "instanttensor.buffered": "instanttensor"}[name.split("+")[0]]
     r = subprocess.run([sys.executable, "-c", f"import {mod}"], env=env, capture_output=True,
                        text=True)
     return r.returncode == 0, (r.stderr.strip().splitlines() or [""])[-1]
 
 
 def run_child(a, name, env, checked):
+    if name in PATTERNS:
+        files = files_of(a.path)
+        t0 = time.perf_counter()
+        PATTERNS[name](files)
+        return {"seconds": time.perf_counter() - t0}
     cmd = [sys.executable, os.path.abspath(__file__), a.path, "--device", a.device,
            "--child", name] + (["--check"] if checked else [])
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -203,6 +262,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", default=None, help="comma-separated loaders")
     ap.add_argument("--no-cold", action="store_true")
+    ap.add_argument("--no-warm", action="store_true")
     ap.add_argument("--peer-site", default=None, help="a folder with the peers' packages")
     ap.add_argument("--fst-bin", default=shutil.which("fst") or "build/fst")
     ap.add_argument("--json", default=None)
@@ -232,23 +292,35 @@ def main():
         else:
             print(f"left out {name}: {why}")
     fst_bin = a.fst_bin if a.fst_bin and os.path.exists(a.fst_bin) else shutil.which(a.fst_bin)
-    modes = ["warm"] + ([] if a.no_cold else ["cold"])
+    modes = ([] if a.no_warm else ["warm"]) + ([] if a.no_cold else ["cold"])
+    if not modes:
+        sys.exit("--no-warm and --no-cold leave nothing to run")
     results = {n: {m: [] for m in modes} for n in loaders}
     info = {n: {} for n in loaders}
     lims = []
     evict = None
+
+    def dump():
+        # after every pass, so that a run cut short keeps what it measured
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"path": a.path, "bytes": nbytes, "device": a.device, "limits": lims,
+                           "seconds": results, "info": info, "evicted_by": evict}, f, indent=1)
     for r in range(a.rounds):
-        lim = limits(fst_bin, a.path, a.device, not a.no_cold)
+        # the warm limits (fst bench); the cold one is the read patterns' best
+        lim = limits(fst_bin, a.path, a.device) if "warm" in modes else {}
         lims.append(lim)
         print(f"round {r + 1} limits: {lim}", flush=True)
         order = loaders if r % 2 == 0 else loaders[::-1]
         for mode in modes:
             for name in order:
+                if mode == "warm" and name in PATTERNS:
+                    continue
                 if mode == "warm":
                     warm(files)
                 else:
                     evict = make_cold(files, scrub_with)
-                res = run_child(a, name, env, checked=(r == 0 and mode == "warm"))
+                res = run_child(a, name, env, checked=(r == 0 and mode == modes[0]))
                 if "error" in res:
                     print(f"round {r + 1} {mode} {name}: {res['error']}", flush=True)
                     info[name].setdefault("errors", []).append(res["error"])
@@ -260,37 +332,51 @@ def main():
                             else res[k]
                 print(f"round {r + 1} {mode} {name}: {res['seconds']:.3f} s "
                       f"{nbytes / res['seconds'] / 1e9:.2f} GB/s", flush=True)
+                dump()
 
     def best_limit(key):
         v = [x.get(key) for x in lims if x.get(key)]
         return max(v) if v else None
 
-    pread, copy, odirect = best_limit("pread"), best_limit("pinned_copy"), best_limit("odirect")
-    print(f"\n{a.path}: {nbytes / 1e9:.2f} GB in {len(files)} files onto {a.device}, "
-          f"{a.rounds} rounds; cold by {evict or '-'}")
+    def rate(n, mode):
+        return [nbytes / s / 1e9 for s in results[n].get(mode, [])]
+
     def gbps(x):
         return "-" if x is None else f"{x:.2f}"
-    print(f"limits (best of the rounds): pread {gbps(pread)} GB/s, pinned copy {gbps(copy)} GB/s, "
-          f"O_DIRECT {gbps(odirect)} GB/s")
+
+    def listed(xs):
+        return ", ".join(f"{x:.2f}" for x in xs) or "-"
+
+    pread, copy = best_limit("pread"), best_limit("pinned_copy")
+    # the disk's best in each cold round: the fastest read pattern of that round
+    pats = [n for n in loaders if n in PATTERNS]
+    best_read = [max(rate(p, "cold")[r] for p in pats if len(rate(p, "cold")) > r)
+                 for r in range(a.rounds) if any(len(rate(p, "cold")) > r for p in pats)]
+    print(f"\n{a.path}: {nbytes / 1e9:.2f} GB in {len(files)} files onto {a.device}, "
+          f"{a.rounds} rounds; cold by {evict or '-'}")
+    print(f"limits (best of the rounds): pread {gbps(pread)} GB/s, pinned copy {gbps(copy)} GB/s; "
+          f"best read pattern cold (rounds) {listed(best_read)} GB/s")
     print("| loader | warm GB/s (rounds) | × pread | × pinned copy | cold GB/s (rounds) | "
-          "× O_DIRECT | peak RSS | device bytes | bytes |")
+          "× best read (rounds) | peak RSS | device bytes | bytes |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in loaders:
-        w = [nbytes / s / 1e9 for s in results[n]["warm"]]
-        c = [nbytes / s / 1e9 for s in results[n].get("cold", [])]
-        bw, bc = (max(w) if w else None), (max(c) if c else None)
+        w, c = rate(n, "warm"), rate(n, "cold")
+        bw = max(w) if w else None
 
         def ratio(x, lim):
             return f"{x / lim:.2f}" if x and lim else "-"
-        print(f"| {n} | {', '.join(f'{x:.2f}' for x in w) or '-'} | {ratio(bw, pread)} | "
-              f"{ratio(bw, copy)} | {', '.join(f'{x:.2f}' for x in c) or '-'} | "
-              f"{ratio(bc, odirect)} | {gb(info[n].get('peak_rss_bytes', 0))} GB | "
+        vs_read = listed([x / b for x, b in zip(c, best_read)]) if len(c) == len(best_read) \
+            else "-"
+        print(f"| {n} | {listed(w)} | {ratio(bw, pread)} | {ratio(bw, copy)} | {listed(c)} | "
+              f"{vs_read} | {gb(info[n].get('peak_rss_bytes', 0))} GB | "
               f"{gb(info[n].get('device_bytes', 0))} GB | {info[n].get('check', '-')} |")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"path": a.path, "bytes": nbytes, "device": a.device, "limits": lims,
-                       "seconds": results, "info": info, "evicted_by": evict}, f, indent=1)
-
+    for mode in modes:
+        for r in range(a.rounds):
+            ranked = sorted(((rate(n, mode)[r], n) for n in loaders
+                             if n not in PATTERNS and len(rate(n, mode)) > r), reverse=True)
+            print(f"{mode} round {r + 1}, fastest first: " +
+                  ", ".join(f"{n} {x:.2f}" for x, n in ranked))
+    dump()
 
 if __name__ == "__main__":
     main()

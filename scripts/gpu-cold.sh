@@ -8,7 +8,11 @@
 #   SWEEP=1      bench/cold_patterns.py on the gpt-oss-shaped checkpoint: access
 #                patterns, fst's read paths (--variant) and the peers, cold;
 #   PEERS=1      bench/peers.py on each of PEER_MODELS (default both), warm and
-#                cold (PEER_ARGS adds options, e.g. "--no-cold --rounds 1").
+#                cold (PEER_ARGS adds options, e.g. "--no-cold --rounds 1");
+#                SCRUB=other: before each cold pass of one checkpoint, the other
+#                one is read with O_DIRECT (peers.py --scrub), so no cache below
+#                the guest holds the blocks of the one being read. TAG names the
+#                result files (peers-MODEL-TAG.txt and .json).
 # Each checkpoint is written the first time a step needs it.
 # The peers' wheels come from WHL. Results go to OUT.
 set -uo pipefail
@@ -23,10 +27,12 @@ PEERS=${PEERS:-0}
 PEER_ARGS=${PEER_ARGS:-}
 PEER_MODELS=${PEER_MODELS:-gpt-oss-20b llama3-8b}
 BEFORE=${BEFORE:-}
+SCRUB=${SCRUB:-}
 mkdir -p "$OUT" "$WORK"
 py=$PY fst=$FST peers=$WORK/peers
 "$py" -m pip install -q --no-index --no-deps --target "$peers" "$WHL"/*.whl >"$OUT/peers-install.txt" 2>&1
 for m in $([ "$PEERS" = 1 ] && echo "$PEER_MODELS") $([ "$SWEEP" = 1 ] && echo gpt-oss-20b) \
+	$([ "$SCRUB" = other ] && echo gpt-oss-20b llama3-8b) \
 	$([ -n "$BEFORE" ] && echo llama3-8b); do
 	[ -d "$WORK/ck/$m" ] || "$py" bench/make_checkpoints.py "$WORK/ck" --only "$m" 2>&1 |
 		tee -a "$OUT/checkpoints.txt"
@@ -61,7 +67,13 @@ fi
 
 if [ "$PEERS" = 1 ]; then
 	for m in $PEER_MODELS; do
+		scrub=
+		if [ "$SCRUB" = other ]; then
+			scrub="--scrub $WORK/ck/gpt-oss-20b"
+			[ "$m" = gpt-oss-20b ] && scrub="--scrub $WORK/ck/llama3-8b"
+		fi
 		"$py" bench/peers.py "$WORK/ck/$m" --device cuda:0 --peer-site "$peers" --fst-bin "$fst" \
-			$PEER_ARGS --json "$OUT/peers-$m.json" 2>&1 | tee "$OUT/peers-$m.txt"
+			$PEER_ARGS $scrub --json "$OUT/peers-$m${TAG:+-$TAG}.json" 2>&1 |
+			tee "$OUT/peers-$m${TAG:+-$TAG}.txt"
 	done
 fi
