@@ -40,6 +40,8 @@ def main():
     cu.cuMemHostRegister_v2.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
     cu.cuMemHostUnregister.argtypes = [ctypes.c_void_p]
     cu.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+    ctx = ctypes.c_void_p()
+    cu.cuCtxGetCurrent(ctypes.byref(ctx))  # torch's; the pinning thread makes it its own
 
     def check(rc, what):
         if rc:
@@ -87,15 +89,25 @@ def main():
     # pinning ahead on a thread of its own, the pulls following it
     ready = [threading.Event() for _ in maps]
 
+    failed = []
+
     def pinner():
-        for m, ev in zip(maps, ready):
-            register(m)
-            ev.set()
+        try:
+            check(cu.cuCtxSetCurrent(ctx), "context")
+            for m, ev in zip(maps, ready):
+                register(m)
+                ev.set()
+        except SystemExit as e:  # the waits below must not outlive it
+            failed.append(str(e))
+            for ev in ready:
+                ev.set()
     t0 = time.perf_counter()
     th = threading.Thread(target=pinner)
     th.start()
     for m, ev in zip(maps, ready):
         ev.wait()
+        if failed:
+            raise SystemExit(f"pinning thread: {failed[0]}")
         pull(m)
     th.join()
     dt = time.perf_counter() - t0
