@@ -489,7 +489,7 @@ int fst_load_sharded(const fst_checkpoint *ck, const fst_load_opts *opts, fst_co
 	int rc = sharded_check(&s, opts, out, err);
 	if (rc)
 		return rc;
-	rc = fsti_dist_layout(ck, s.opts.filter, s.opts.filter_ctx, dims, c->world, c->rank,
+	rc = fsti_dist_layout(ck, s.opts.filter, s.opts.filter_ctx, dims, c->world, c->rank, 0,
 			      s.opts.align, &s.d, err);
 	if (rc)
 		return rc;

@@ -128,7 +128,7 @@ static void test_buffer_has_shard_shapes(void **state)
 	};
 	long allocs = fsti_live_allocations();
 	struct fsti_dist d;
-	assert_int_equal(fsti_dist_layout(ck, NULL, NULL, dims, 2, 1, 256, &d, &err), 0);
+	assert_int_equal(fsti_dist_layout(ck, NULL, NULL, dims, 2, 1, 0, 256, &d, &err), 0);
 	struct fst_buffer *buf;
 	assert_int_equal(fsti_buffer_new_sharded(ck, &d, &buf, &err), 0);
 	assert_int_equal(buf->nt, n);
