@@ -542,15 +542,48 @@ static int sharded_transfer(struct sharded *s, fst_error *err)
 	return rc;
 }
 
-static void sharded_free(struct sharded *s)
+/*
+ * After a failure the streams may still hold work queued behind a
+ * collective that was aborted (the strided copies out of temp, the status
+ * flag's copy): once the abort ends the collective, that work runs on. The
+ * memory it uses is freed only when both streams are idle, waited for as
+ * long as the communicators' timeout; past that it stays allocated, and the
+ * log says so, since freeing it under a copy would let the copy write into
+ * whatever is allocated there next.
+ */
+static bool streams_idle(const struct sharded *s)
+{
+	const fst_comm *cs[2] = {s->bc, s->c};
+	int ms = FSTI_MAX(s->c->timeout_ms, s->bc->timeout_ms);
+	double deadline = fsti_now() + ms / 1000.0;
+	for (int k = 0; k < 2; k++)
+		while (cs[k]->cu->cuStreamQuery(cs[k]->stream) == FSTI_CUDA_ERROR_NOT_READY) {
+			if (fsti_now() > deadline) {
+				fsti_log(FST_LOG_ERROR,
+					 "rank %d: copies of a failed load still run on cuda:%d after "
+					 "%d ms: leaking its %" PRIu64 " bytes of device memory",
+					 s->c->rank, s->c->device, ms,
+					 s->d.dst_bytes + s->d.scratch_bytes + s->d.temp_bytes);
+				return false;
+			}
+			struct timespec ts = {0, 200000};
+			nanosleep(&ts, NULL);
+		}
+	return true;
+}
+
+/* Device memory only when nothing queued can still touch it (idle). */
+static void sharded_free(struct sharded *s, bool idle)
 {
 	const struct fsti_cuda *cu = s->c->cu;
-	if (s->temp)
+	if (s->temp && idle)
 		cu->cuMemFree_v2(s->temp);
-	if (s->scratch)
+	if (s->scratch && idle)
 		cu->cuMemFree_v2(s->scratch);
-	if (s->flag)
+	if (s->flag && idle)
 		cu->cuMemFree_v2(s->flag);
+	if (s->b && !idle)
+		s->b->release_memory = NULL;
 	fsti_free(s->pieces);
 	fsti_dist_free(&s->d);
 }
@@ -576,7 +609,7 @@ static int load_sharded(const char *fn, const fst_checkpoint *ck, const fst_load
 		rc = sharded_buffer(&s, err);
 	if (!rc)
 		rc = sharded_transfer(&s, err);
-	sharded_free(&s);
+	sharded_free(&s, !rc || streams_idle(&s)); /* a success waited for both */
 	if (rc)
 		fst_buffer_release(s.b);
 	else
