@@ -747,10 +747,38 @@ FST_API int fst_comm_world(const fst_comm *comm);
  * have the shard shapes. opts->device is taken from comm; opts->allocator is
  * not used and GPUDirect Storage is off (reads go through pinned staging).
  * Every rank returns the same status: a rank that fails makes all fail
- * (since 0.1).
+ * (since 0.1). It is fst_load_sharded_nodes with node NULL.
  */
 FST_API int fst_load_sharded(const fst_checkpoint *ckpt, const fst_load_opts *opts,
 			     fst_comm *comm, const int *dims, fst_buffer **out, fst_error *err);
+
+/*
+ * fst_load_sharded for a group whose ranks span several nodes (hosts):
+ * each byte read from storage once in each node instead of once in the
+ * group, so that broadcasts stay inside a node (NVLink) and never cross
+ * the network. node is a communicator of this rank's node's ranks, made by
+ * the caller with fst_comm_unique_id and fst_comm_init among them. Nodes
+ * are consecutive ranks of comm: with size = fst_comm_world(node), node n
+ * holds ranks [n * size, (n + 1) * size), and this rank is rank
+ * fst_comm_rank(comm) % size of node, on comm's device. node NULL (or comm
+ * itself) is one node: fst_load_sharded.
+ *
+ * Shards contiguous in the file are read by their own rank, as in
+ * fst_load_sharded. Every other tensor has an owner in each node, by the
+ * same byte-balancing rule over the node's ranks, which reads it and
+ * broadcasts it over node. The ranks' agreement on their reads runs over
+ * comm, so every rank of the group returns the same status; each wait is
+ * bounded by the timeout of the communicator it waits on, and an NCCL
+ * error or a timeout on either aborts both (FST_EDEVICE; make new ones).
+ * What one rank can check is checked before any collective (FST_EUSAGE):
+ * node's size divides comm's, this rank's rank in node, the device. A rank
+ * that refuses leaves the others to time out. fst_buffer_describe says
+ * "tensor-parallel rank R of W, in nodes of N: read X bytes from storage,
+ * ..." (since 0.1).
+ */
+FST_API int fst_load_sharded_nodes(const fst_checkpoint *ckpt, const fst_load_opts *opts,
+				   fst_comm *comm, fst_comm *node, const int *dims,
+				   fst_buffer **out, fst_error *err);
 
 #ifdef __cplusplus
 }

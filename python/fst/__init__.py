@@ -10,7 +10,7 @@ The package's modules, each one concern (the names are fst's, from here):
 _errors (the exceptions), _args (the load options, checked), _tensors
 (libfst's tensors as torch tensors and numpy arrays), _load (Checkpoint,
 load, iter_tensors), _write (tensors as the writer's entries), _reference
-(load_file, save_file, save), _dist (Comm, load_sharded); the extension
+(load_file, save_file, save), _dist (Comm, node_comm, load_sharded); the extension
 _fst; the faces of other loaders' APIs in compat/, engine plugins in
 integrations/.
 """
@@ -30,7 +30,7 @@ from ._errors import (
     OutOfMemoryError, SafetensorError, UnsupportedError, UsageError)
 from ._load import Checkpoint, iter_tensors, load, trim
 from ._reference import load_file, save, save_file
-from ._dist import Comm, load_sharded
+from ._dist import Comm, load_sharded, node_comm
 
 # The private helpers that fst.compat and fst.integrations take from fst's
 # namespace (they call fst.load, fst.iter_tensors and these through it).
@@ -48,7 +48,7 @@ __all__ = [
     "NoSuchTensorError",
     "load_file", "load", "safe_open", "save_file", "save", "iter_tensors", "Checkpoint",
     "SafeTensorsFileLoader", "SingleGroup", "fastsafe_open", "trim", "__version__",
-    "Comm", "load_sharded",
+    "Comm", "load_sharded", "node_comm",
 ]
 
 __version__ = _fst.version()

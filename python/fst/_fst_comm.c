@@ -1,6 +1,7 @@
 /*
  * _fst_comm.c - tensor parallelism: fst._fst.Comm (an NCCL communicator),
- * comm_unique_id, and load_sharded, each byte read once in the group.
+ * comm_unique_id, and load_sharded, each byte read once in the group (or,
+ * with a node's Comm, once in each node).
  */
 #include "_fst.h"
 
@@ -73,22 +74,27 @@ PyObject *fstpy_comm_unique_id(PyObject *mod, PyObject *unused)
 	return PyBytes_FromStringAndSize((const char *)id, FST_COMM_ID_BYTES);
 }
 
-/* load_sharded(checkpoint, comm, dims, io=0, threads=0, staging_bytes=0) */
+/* load_sharded(checkpoint, comm, dims, io=0, threads=0, staging_bytes=0,
+ * node=None) */
 PyObject *fstpy_load_sharded(PyObject *mod, PyObject *args, PyObject *kw)
 {
 	(void)mod;
 	static char *kwlist[] = {"checkpoint", "comm", "dims", "io", "threads", "staging_bytes",
-				 NULL};
+				 "node", NULL};
 	CheckpointObject *ck;
 	CommObject *comm;
-	PyObject *dims_obj;
+	PyObject *dims_obj, *node_obj = Py_None;
 	int io = 0;
 	unsigned threads = 0;
 	unsigned long long staging = 0;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O|iIK", kwlist,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O|iIKO", kwlist,
 					 &fstpy_CheckpointType, &ck, &fstpy_CommType, &comm,
-					 &dims_obj, &io, &threads, &staging))
+					 &dims_obj, &io, &threads, &staging, &node_obj))
 		return NULL;
+	if (node_obj != Py_None && !PyObject_TypeCheck(node_obj, &fstpy_CommType))
+		return PyErr_Format(PyExc_TypeError, "node must be a Comm or None, not %s",
+				    Py_TYPE(node_obj)->tp_name);
+	fst_comm *node = node_obj == Py_None ? NULL : ((CommObject *)node_obj)->comm;
 	size_t n = fst_checkpoint_tensor_count(ck->ck);
 	PyObject *seq = PySequence_Fast(dims_obj, "dims must be a sequence of ints");
 	if (!seq)
@@ -121,7 +127,7 @@ PyObject *fstpy_load_sharded(PyObject *mod, PyObject *args, PyObject *kw)
 	fst_error err;
 	int rc;
 	Py_BEGIN_ALLOW_THREADS
-	rc = fst_load_sharded(ck->ck, &o, comm->comm, dims, &buf, &err);
+	rc = fst_load_sharded_nodes(ck->ck, &o, comm->comm, node, dims, &buf, &err);
 	Py_END_ALLOW_THREADS
 	free(dims);
 	if (rc)

@@ -1,6 +1,6 @@
 /*
  * dist.c - tensor-parallel loading over NCCL: each byte read from storage
- * once in the whole group.
+ * once in the whole group, or once in each node.
  *
  * Every rank computes the same layout (fsti_dist_layout, pure): each
  * tensor's shape on this rank, its place in the final buffer, and how it
@@ -14,6 +14,12 @@
  * a deadline, so a rank that fails or vanishes makes the others fail
  * instead of hang, and at the end the ranks agree on whether every read
  * succeeded.
+ *
+ * With a node communicator (fst_load_sharded_nodes), each node of
+ * consecutive ranks reads every broadcast tensor once and broadcasts it
+ * over its own communicator, so that traffic stays inside the node; only
+ * the agreement runs over the whole group, which therefore still fails
+ * together.
  */
 #include "cuda.h"
 #include "layout.h"
@@ -172,92 +178,13 @@ static size_t rank_pieces(const struct fsti_dist *d, int rank, bool scratch, siz
 
 /* ---- collectives */
 
-static int comm_fail(fst_comm *c, int code, fst_error *err, const char *what, int r)
-{
-	c->broken = true;
-	c->nc->ncclCommAbort(c->comm);
-	c->comm = NULL;
-	return fsti_err_backend(err, code, r, "rank %d of %d: %s", c->rank, c->world, what);
-}
-
-/* Wait for the stream, watching NCCL's errors and the deadline. */
-static int wait_stream(fst_comm *c, const char *what, fst_error *err)
-{
-	double deadline = fsti_now() + c->timeout_ms / 1000.0;
-	for (;;) {
-		CUresult q = c->cu->cuStreamQuery(c->stream);
-		if (q == FSTI_CUDA_SUCCESS)
-			return 0;
-		if (q != FSTI_CUDA_ERROR_NOT_READY) {
-			char m[300], e2[200];
-			snprintf(m, sizeof m, "%s failed: %s", what,
-				 fsti_cuda_error(c->cu, q, e2, sizeof e2));
-			return comm_fail(c, FST_EDEVICE, err, m, q);
-		}
-		int async = 0;
-		c->nc->ncclCommGetAsyncError(c->comm, &async);
-		if (async && async != FSTI_NCCL_IN_PROGRESS) {
-			char m[300];
-			snprintf(m, sizeof m, "%s failed: %s (another rank failed?)", what,
-				 c->nc->ncclGetErrorString(async));
-			return comm_fail(c, FST_EDEVICE, err, m, async);
-		}
-		if (fsti_now() > deadline) {
-			char m[300];
-			snprintf(m, sizeof m,
-				 "%s did not finish within %d ms (FST_DIST_TIMEOUT_MS): another rank "
-				 "failed or is not taking part",
-				 what, c->timeout_ms);
-			return comm_fail(c, FST_EDEVICE, err, m, 0);
-		}
-		struct timespec ts = {0, 200000};
-		nanosleep(&ts, NULL);
-	}
-}
-
-static int check_nccl(fst_comm *c, int r, const char *what, fst_error *err)
-{
-	if (!r)
-		return 0;
-	char m[300];
-	snprintf(m, sizeof m, "%s: %s", what, c->nc->ncclGetErrorString(r));
-	return comm_fail(c, FST_EDEVICE, err, m, r);
-}
-
-/* Did every rank succeed? An all-reduce of a flag, bounded in time: *any
- * is whether some rank failed. */
-static int agree(fst_comm *c, CUdeviceptr flag, bool failed, bool *any, fst_error *err)
-{
-	int32_t v = failed ? 1 : 0;
-	CUresult cr = c->cu->cuMemcpyHtoDAsync_v2(flag, &v, sizeof v, c->stream);
-	if (cr)
-		return comm_fail(c, FST_EDEVICE, err, "cannot stage the status flag", cr);
-	int r = fsti_fault("nccl") ? 3 : c->nc->ncclAllReduce((void *)(uintptr_t)flag,
-							      (void *)(uintptr_t)flag, 1,
-							      FSTI_NCCL_INT32, FSTI_NCCL_MAX,
-							      c->comm, c->stream);
-	int rc = check_nccl(c, r, "ncclAllReduce of the read status", err);
-	if (!rc)
-		rc = wait_stream(c, "agreeing on the read status", err);
-	if (rc)
-		return rc;
-	int32_t max = 0;
-	cr = c->cu->cuMemcpyDtoH_v2(&max, flag, sizeof max);
-	if (cr)
-		return comm_fail(c, FST_EDEVICE, err, "cannot read the status flag", cr);
-	*any = max != 0;
-	return 0;
-}
-
-static void release_dist(struct fst_buffer *b)
-{
-	fsti_cuda_release_device_buffer(b);
-}
-
 /* One sharded load. */
 struct sharded {
+	const char *fn; /* the caller's name, for messages */
 	const fst_checkpoint *ck;
 	fst_comm *c;
+	/* the node's communicator, or NULL: the broadcasts' (bc) is then c */
+	fst_comm *node, *bc;
 	fst_load_opts opts;
 	char device[32];
 	struct fsti_dist d;
@@ -270,9 +197,142 @@ struct sharded {
 	fst_error rerr;
 };
 
+static void comm_abort(fst_comm *c)
+{
+	c->broken = true;
+	if (c->comm)
+		c->nc->ncclCommAbort(c->comm);
+	c->comm = NULL;
+}
+
+/* A failed or timed-out collective: this rank leaves the collectives that
+ * the others still expect, on both communicators, so neither can be used
+ * again; aborting both also ends what NCCL still has queued on them. */
+static int comm_fail(struct sharded *s, int code, fst_error *err, const char *what, int r)
+{
+	comm_abort(s->c);
+	if (s->node)
+		comm_abort(s->node);
+	return fsti_err_backend(err, code, r, "rank %d of %d: %s", s->c->rank, s->c->world, what);
+}
+
+/* NCCL's asynchronous error of c: 0 while none (or still in progress). */
+static int async_error(const fst_comm *c)
+{
+	int async = 0;
+	c->nc->ncclCommGetAsyncError(c->comm, &async);
+	return async == FSTI_NCCL_IN_PROGRESS ? 0 : async;
+}
+
+/* Wait for the stream of on (the group's or the node's communicator),
+ * watching NCCL's errors on both communicators and on's deadline: a peer
+ * that failed on either is reason to stop. */
+static int wait_stream(struct sharded *s, fst_comm *on, const char *what, fst_error *err)
+{
+	double deadline = fsti_now() + on->timeout_ms / 1000.0;
+	for (;;) {
+		CUresult q = on->cu->cuStreamQuery(on->stream);
+		if (q == FSTI_CUDA_SUCCESS)
+			return 0;
+		if (q != FSTI_CUDA_ERROR_NOT_READY) {
+			char m[300], e2[200];
+			snprintf(m, sizeof m, "%s failed: %s", what,
+				 fsti_cuda_error(on->cu, q, e2, sizeof e2));
+			return comm_fail(s, FST_EDEVICE, err, m, q);
+		}
+		int async = async_error(s->c);
+		const char *which = "";
+		if (!async && s->node && (async = async_error(s->node)))
+			which = " on the node's communicator";
+		if (async) {
+			char m[300];
+			snprintf(m, sizeof m, "%s failed%s: %s (another rank failed?)", what, which,
+				 on->nc->ncclGetErrorString(async));
+			return comm_fail(s, FST_EDEVICE, err, m, async);
+		}
+		if (fsti_now() > deadline) {
+			char m[300];
+			snprintf(m, sizeof m,
+				 "%s did not finish within %d ms (FST_DIST_TIMEOUT_MS): another rank "
+				 "failed or is not taking part",
+				 what, on->timeout_ms);
+			return comm_fail(s, FST_EDEVICE, err, m, 0);
+		}
+		struct timespec ts = {0, 200000};
+		nanosleep(&ts, NULL);
+	}
+}
+
+static int check_nccl(struct sharded *s, int r, const char *what, fst_error *err)
+{
+	if (!r)
+		return 0;
+	char m[300];
+	snprintf(m, sizeof m, "%s: %s", what, s->c->nc->ncclGetErrorString(r));
+	return comm_fail(s, FST_EDEVICE, err, m, r);
+}
+
+/* Did every rank of the group succeed? An all-reduce of a flag over the
+ * whole group, bounded in time: *any is whether some rank failed. */
+static int agree(struct sharded *s, bool failed, bool *any, fst_error *err)
+{
+	fst_comm *c = s->c;
+	int32_t v = failed ? 1 : 0;
+	CUresult cr = c->cu->cuMemcpyHtoDAsync_v2(s->flag, &v, sizeof v, c->stream);
+	if (cr)
+		return comm_fail(s, FST_EDEVICE, err, "cannot stage the status flag", cr);
+	int r = fsti_fault("nccl") ? 3 : c->nc->ncclAllReduce((void *)(uintptr_t)s->flag,
+							      (void *)(uintptr_t)s->flag, 1,
+							      FSTI_NCCL_INT32, FSTI_NCCL_MAX,
+							      c->comm, c->stream);
+	int rc = check_nccl(s, r, "ncclAllReduce of the read status", err);
+	if (!rc)
+		rc = wait_stream(s, c, "agreeing on the read status", err);
+	if (rc)
+		return rc;
+	int32_t max = 0;
+	cr = c->cu->cuMemcpyDtoH_v2(&max, s->flag, sizeof max);
+	if (cr)
+		return comm_fail(s, FST_EDEVICE, err, "cannot read the status flag", cr);
+	*any = max != 0;
+	return 0;
+}
+
+static void release_dist(struct fst_buffer *b)
+{
+	fsti_cuda_release_device_buffer(b);
+}
+
+/* The node's communicator against the group's, as far as one rank can
+ * tell: its size divides the group's, this rank's place in it is the one
+ * consecutive nodes give, and it is on the same device. That the node's
+ * other ranks are this rank's neighbours in the group only they know. */
+static int node_check(const struct sharded *s, fst_error *err)
+{
+	const fst_comm *c = s->c, *n = s->node;
+	if (n->broken || !n->comm)
+		return fsti_err(err, FST_EDEVICE, "rank %d: the node's communicator was aborted by "
+						  "an earlier failure",
+				c->rank);
+	if (c->world % n->world)
+		return fsti_err(err, FST_EUSAGE, "%s: a node communicator of %d ranks does not "
+						 "divide the group of %d ranks",
+				s->fn, n->world, c->world);
+	if (n->rank != c->rank % n->world)
+		return fsti_err(err, FST_EUSAGE, "%s: rank %d of the group is rank %d of its node's "
+						 "communicator, not %d: a node's ranks must be "
+						 "consecutive ranks of the group, in order",
+				s->fn, c->rank, n->rank, c->rank % n->world);
+	if (n->device != c->device)
+		return fsti_err(err, FST_EUSAGE, "%s: the node's communicator is on cuda:%d, the "
+						 "group's on cuda:%d: both must be this rank's device",
+				s->fn, n->device, c->device);
+	return 0;
+}
+
 /* The options first (the one check fst_load makes, so a bad struct is
  * refused before comm is touched), then the arguments and the
- * communicator; the device is the communicator's, and reads are staged. */
+ * communicators; the device is the communicator's, and reads are staged. */
 static int sharded_check(struct sharded *s, const fst_load_opts *opts, fst_buffer **out,
 			 fst_error *err)
 {
@@ -280,15 +340,20 @@ static int sharded_check(struct sharded *s, const fst_load_opts *opts, fst_buffe
 	if (rc)
 		return rc;
 	if (!s->ck || !s->c || !out)
-		return fsti_err(err, FST_EUSAGE, "fst_load_sharded: checkpoint, comm and out are "
-						 "required");
+		return fsti_err(err, FST_EUSAGE, "%s: checkpoint, comm and out are required", s->fn);
 	if (s->c->broken || !s->c->comm)
 		return fsti_err(err, FST_EDEVICE, "rank %d: the communicator was aborted by an "
 						  "earlier failure",
 				s->c->rank);
+	if (s->node == s->c)
+		s->node = NULL; /* one node: the group's communicator does it all */
+	if (s->node && (rc = node_check(s, err)))
+		return rc;
+	s->bc = s->node ? s->node : s->c;
 	if (s->opts.on_landed)
-		return fsti_err(err, FST_EUSAGE, "fst_load_sharded: on_landed is not supported (a "
-						 "rank sees only its slices)");
+		return fsti_err(err, FST_EUSAGE, "%s: on_landed is not supported (a rank sees only "
+						 "its slices)",
+				s->fn);
 	snprintf(s->device, sizeof s->device, "cuda:%d", s->c->device);
 	s->opts.device = s->device;
 	s->opts.gds = FST_GDS_OFF; /* pieces go through staging */
@@ -322,10 +387,16 @@ static int sharded_buffer(struct sharded *s, fst_error *err)
 	b->release_memory = release_dist;
 	for (size_t i = 0; i < s->d.n; i++)
 		b->t[i].data = (char *)b->base + s->d.t[i].dst_off;
-	snprintf(b->describe, sizeof b->describe,
-		 "tensor-parallel rank %d of %d: read %" PRIu64 " bytes from storage, "
-		 "broadcast the rest over NCCL",
-		 s->c->rank, s->c->world, s->d.read_bytes);
+	if (s->node)
+		snprintf(b->describe, sizeof b->describe,
+			 "tensor-parallel rank %d of %d, in nodes of %d: read %" PRIu64
+			 " bytes from storage, broadcast the rest over NCCL within the node",
+			 s->c->rank, s->c->world, s->node->world, s->d.read_bytes);
+	else
+		snprintf(b->describe, sizeof b->describe,
+			 "tensor-parallel rank %d of %d: read %" PRIu64 " bytes from storage, "
+			 "broadcast the rest over NCCL",
+			 s->c->rank, s->c->world, s->d.read_bytes);
 	return 0;
 }
 
@@ -391,31 +462,34 @@ static int copy_shard(struct sharded *s, const struct fsti_dist_tensor *t, fst_e
 	m.dstPitch = t->len * t->inner_bytes;
 	m.WidthInBytes = t->len * t->inner_bytes;
 	m.Height = t->outer;
-	CUresult cr = s->c->cu->cuMemcpy2DAsync_v2(&m, s->c->stream);
-	return cr ? comm_fail(s->c, FST_EDEVICE, err, "strided copy of a shard failed", cr) : 0;
+	/* on the broadcasts' stream: the next broadcast reuses temp */
+	CUresult cr = s->bc->cu->cuMemcpy2DAsync_v2(&m, s->bc->stream);
+	return cr ? comm_fail(s, FST_EDEVICE, err, "strided copy of a shard failed", cr) : 0;
 }
 
 /* Queue tensor t's broadcast from its owner (whole tensors straight into
- * place, inner-dim shards through the copy), when it is broadcast. */
+ * place, inner-dim shards through the copy), when it is broadcast: over the
+ * node's communicator, whose root is the owner's index in the node, or
+ * else over the group's, where that index is the owner's rank. */
 static int broadcast_tensor(struct sharded *s, const struct fsti_dist_tensor *t, fst_error *err)
 {
-	fst_comm *c = s->c;
+	fst_comm *bc = s->bc;
 	if (t->contiguous || !t->full_bytes)
 		return 0;
 	int r;
 	if (t->dim < 0) {
 		void *p = (char *)s->b->base + t->dst_off;
-		r = c->nc->ncclBroadcast(p, p, t->full_bytes, FSTI_NCCL_UINT8, t->owner, c->comm,
-					 c->stream);
-		return check_nccl(c, r, "ncclBroadcast", err);
+		r = bc->nc->ncclBroadcast(p, p, t->full_bytes, FSTI_NCCL_UINT8, t->root, bc->comm,
+					  bc->stream);
+		return check_nccl(s, r, "ncclBroadcast", err);
 	}
-	const void *send =
-		t->owner == c->rank ? (void *)(uintptr_t)(s->scratch + t->scratch_off) : NULL;
-	if (t->owner == c->rank && !s->scratch)
+	bool mine = t->owner == s->c->rank;
+	const void *send = mine ? (void *)(uintptr_t)(s->scratch + t->scratch_off) : NULL;
+	if (mine && !s->scratch)
 		send = (void *)(uintptr_t)s->temp; /* no scratch: send anything */
-	r = c->nc->ncclBroadcast(send, (void *)(uintptr_t)s->temp, t->full_bytes, FSTI_NCCL_UINT8,
-				 t->owner, c->comm, c->stream);
-	int rc = check_nccl(c, r, "ncclBroadcast", err);
+	r = bc->nc->ncclBroadcast(send, (void *)(uintptr_t)s->temp, t->full_bytes,
+				  FSTI_NCCL_UINT8, t->root, bc->comm, bc->stream);
+	int rc = check_nccl(s, r, "ncclBroadcast", err);
 	if (rc || !t->shard_bytes)
 		return rc;
 	return copy_shard(s, t, err);
@@ -425,7 +499,7 @@ static int broadcast_tensor(struct sharded *s, const struct fsti_dist_tensor *t,
 static int sharded_agree(struct sharded *s, fst_error *err)
 {
 	bool any = false;
-	int rc = agree(s->c, s->flag, s->read_rc != 0, &any, err);
+	int rc = agree(s, s->read_rc != 0, &any, err);
 	if (rc)
 		return rc;
 	if (s->read_rc) {
@@ -443,10 +517,12 @@ static int sharded_agree(struct sharded *s, fst_error *err)
 
 /*
  * Pipelined, group by group (GROUP_BYTES of broadcast each): while the
- * collectives of one group run on the communicator's stream, this thread
- * reads the next group. A rank whose reads fail goes on issuing the same
+ * collectives of one group run on the broadcasts' stream, this thread reads
+ * the next group. A rank whose reads fail goes on issuing the same
  * collectives (sending what it has), so no rank waits for it; the agreement
- * at the end makes every rank fail together.
+ * at the end, over the whole group once every broadcast is done, makes
+ * every rank fail together. The two communicators never have collectives
+ * in flight at once, so neither can hold up the other.
  */
 static int sharded_transfer(struct sharded *s, fst_error *err)
 {
@@ -460,37 +536,71 @@ static int sharded_transfer(struct sharded *s, fst_error *err)
 		i0 = i1;
 	}
 	if (!rc)
-		rc = wait_stream(s->c, "broadcasting the checkpoint", err);
+		rc = wait_stream(s, s->bc, "broadcasting the checkpoint", err);
 	if (!rc)
 		rc = sharded_agree(s, err);
 	return rc;
 }
 
-static void sharded_free(struct sharded *s)
+/*
+ * After a failure the streams may still hold work queued behind a
+ * collective that was aborted (the strided copies out of temp, the status
+ * flag's copy): once the abort ends the collective, that work runs on. The
+ * memory it uses is freed only when both streams are idle, waited for as
+ * long as the communicators' timeout; past that it stays allocated, and the
+ * log says so, since freeing it under a copy would let the copy write into
+ * whatever is allocated there next.
+ */
+static bool streams_idle(const struct sharded *s)
+{
+	const fst_comm *cs[2] = {s->bc, s->c};
+	int ms = FSTI_MAX(s->c->timeout_ms, s->bc->timeout_ms);
+	double deadline = fsti_now() + ms / 1000.0;
+	for (int k = 0; k < 2; k++)
+		while (cs[k]->cu->cuStreamQuery(cs[k]->stream) == FSTI_CUDA_ERROR_NOT_READY) {
+			if (fsti_now() > deadline) {
+				fsti_log(FST_LOG_ERROR,
+					 "rank %d: copies of a failed load still run on cuda:%d after "
+					 "%d ms: leaking its %" PRIu64 " bytes of device memory",
+					 s->c->rank, s->c->device, ms,
+					 s->d.dst_bytes + s->d.scratch_bytes + s->d.temp_bytes);
+				return false;
+			}
+			struct timespec ts = {0, 200000};
+			nanosleep(&ts, NULL);
+		}
+	return true;
+}
+
+/* Device memory only when nothing queued can still touch it (idle). */
+static void sharded_free(struct sharded *s, bool idle)
 {
 	const struct fsti_cuda *cu = s->c->cu;
-	if (s->temp)
+	if (s->temp && idle)
 		cu->cuMemFree_v2(s->temp);
-	if (s->scratch)
+	if (s->scratch && idle)
 		cu->cuMemFree_v2(s->scratch);
-	if (s->flag)
+	if (s->flag && idle)
 		cu->cuMemFree_v2(s->flag);
+	if (s->b && !idle)
+		s->b->release_memory = NULL;
 	fsti_free(s->pieces);
 	fsti_dist_free(&s->d);
 }
 
-int fst_load_sharded(const fst_checkpoint *ck, const fst_load_opts *opts, fst_comm *c,
-		     const int *dims, fst_buffer **out, fst_error *err)
+static int load_sharded(const char *fn, const fst_checkpoint *ck, const fst_load_opts *opts,
+			fst_comm *c, fst_comm *node, const int *dims, fst_buffer **out,
+			fst_error *err)
 {
 	fsti_err_clear(err);
 	if (out)
 		*out = NULL;
-	struct sharded s = {.ck = ck, .c = c};
+	struct sharded s = {.fn = fn, .ck = ck, .c = c, .node = node};
 	int rc = sharded_check(&s, opts, out, err);
 	if (rc)
 		return rc;
 	rc = fsti_dist_layout(ck, s.opts.filter, s.opts.filter_ctx, dims, c->world, c->rank,
-			      s.opts.align, &s.d, err);
+			      s.bc->world, s.opts.align, &s.d, err);
 	if (rc)
 		return rc;
 	void *saved = fsti_cuda_save();
@@ -499,11 +609,23 @@ int fst_load_sharded(const fst_checkpoint *ck, const fst_load_opts *opts, fst_co
 		rc = sharded_buffer(&s, err);
 	if (!rc)
 		rc = sharded_transfer(&s, err);
-	sharded_free(&s);
+	sharded_free(&s, !rc || streams_idle(&s)); /* a success waited for both */
 	if (rc)
 		fst_buffer_release(s.b);
 	else
 		*out = s.b;
 	fsti_cuda_restore(saved);
 	return rc;
+}
+
+int fst_load_sharded_nodes(const fst_checkpoint *ck, const fst_load_opts *opts, fst_comm *c,
+			   fst_comm *node, const int *dims, fst_buffer **out, fst_error *err)
+{
+	return load_sharded("fst_load_sharded_nodes", ck, opts, c, node, dims, out, err);
+}
+
+int fst_load_sharded(const fst_checkpoint *ck, const fst_load_opts *opts, fst_comm *c,
+		     const int *dims, fst_buffer **out, fst_error *err)
+{
+	return load_sharded("fst_load_sharded", ck, opts, c, NULL, dims, out, err);
 }

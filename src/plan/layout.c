@@ -46,21 +46,22 @@ static int layout_tensor(const fst_tensor_info *info, int dim, int world, int ra
 	return 0;
 }
 
-/* Owners: consecutive runs balanced by bytes, the same on every rank; and
- * each tensor's place in this rank's buffer and scratch. bcast_total is the
- * bytes of the tensors that are broadcast. */
-static void place(struct fsti_dist *out, uint64_t bcast_total, int world, int rank,
-		  uint32_t align)
+/* Owners: consecutive runs balanced by bytes over the ranks of a node, the
+ * same on every rank and in every node (so each node reads every broadcast
+ * tensor once, and its ranks split those bytes evenly); and each tensor's
+ * place in this rank's buffer and scratch. */
+static void place(struct fsti_dist *out, int rank, uint32_t align)
 {
+	uint64_t ns = (uint64_t)out->node_size, total = out->bcast_bytes;
+	int first = rank / out->node_size * out->node_size; /* this rank's node's first rank */
 	uint64_t before = 0, dst = 0, scratch = 0;
 	for (size_t i = 0; i < out->n; i++) {
 		struct fsti_dist_tensor *t = &out->t[i];
-		t->owner = -1;
+		t->owner = t->root = -1;
 		if (!t->contiguous) {
 			uint64_t mid = before + t->full_bytes / 2;
-			t->owner = bcast_total ? (int)FSTI_MIN((uint64_t)world - 1,
-							       mid * (uint64_t)world / bcast_total)
-					       : 0;
+			t->root = total ? (int)FSTI_MIN(ns - 1, mid * ns / total) : 0;
+			t->owner = first + t->root;
 			before += t->full_bytes;
 			if (t->dim >= 0) {
 				out->temp_bytes = FSTI_MAX(out->temp_bytes, t->full_bytes);
@@ -82,15 +83,21 @@ static void place(struct fsti_dist *out, uint64_t bcast_total, int world, int ra
 }
 
 int fsti_dist_layout(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
-		     const int *dims, int world, int rank, uint32_t align, struct fsti_dist *out,
-		     fst_error *err)
+		     const int *dims, int world, int rank, int node_size, uint32_t align,
+		     struct fsti_dist *out, fst_error *err)
 {
 	memset(out, 0, sizeof *out);
+	if (node_size == 0)
+		node_size = world;
+	if (node_size <= 0 || world % node_size)
+		return fsti_err(err, FST_EUSAGE,
+				"nodes of %d ranks do not divide the group of %d ranks", node_size,
+				world);
+	out->node_size = node_size;
 	size_t n = fst_checkpoint_tensor_count(ck);
 	out->t = fsti_calloc(n + 1, sizeof *out->t);
 	if (!out->t)
 		return fsti_err(err, FST_ENOMEM, "out of memory for the layout");
-	uint64_t bcast_total = 0;
 	for (size_t i = 0; i < n; i++) {
 		fst_tensor_info info;
 		size_t file;
@@ -108,9 +115,9 @@ int fsti_dist_layout(const fst_checkpoint *ck, fsti_filter_fn filter, void *filt
 			return rc;
 		}
 		if (!t->contiguous)
-			bcast_total += t->full_bytes;
+			out->bcast_bytes += t->full_bytes;
 	}
-	place(out, bcast_total, world, rank, align);
+	place(out, rank, align);
 	return 0;
 }
 

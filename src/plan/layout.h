@@ -15,7 +15,10 @@ struct fsti_dist_tensor {
 	uint64_t start, len;  /* this rank's block of mid */
 	uint64_t shard_bytes; /* bytes on this rank */
 	bool contiguous;      /* the shard is one run of file bytes: no broadcast */
-	int owner;            /* the rank that reads it, when broadcast; else -1 */
+	/* when broadcast, the rank of this rank's node that reads it: its rank
+	 * in the group, and its index in the node (the broadcast's root on the
+	 * node's communicator; the same as owner with one node); else both -1 */
+	int owner, root;
 	uint64_t dst_off;     /* in this rank's buffer */
 	uint64_t scratch_off; /* in the owner's scratch (inner-dim shards) */
 };
@@ -27,11 +30,18 @@ struct fsti_dist {
 	uint64_t scratch_bytes; /* owned inner-dim shards, read whole */
 	uint64_t temp_bytes;    /* the largest inner-dim tensor, received whole */
 	uint64_t read_bytes;    /* bytes this rank reads from storage */
+	uint64_t bcast_bytes;   /* the broadcast tensors' bytes, read once in each node */
+	int node_size;          /* ranks per node */
 };
 
+/*
+ * The layout of rank `rank` of `world`, whose nodes are node_size
+ * consecutive ranks each (0: one node of world ranks). Each broadcast tensor
+ * is read once in each node; node_size must divide world (FST_EUSAGE).
+ */
 int fsti_dist_layout(const fst_checkpoint *ck, fsti_filter_fn filter, void *filter_ctx,
-		     const int *dims, int world, int rank, uint32_t align, struct fsti_dist *out,
-		     fst_error *err);
+		     const int *dims, int world, int rank, int node_size, uint32_t align,
+		     struct fsti_dist *out, fst_error *err);
 void fsti_dist_free(struct fsti_dist *d);
 
 #endif

@@ -11,7 +11,9 @@
  * copies (cuMemcpy2DAsync, for tensor-parallel shards) are late and
  * poisoned the same way; cuStreamQuery says when a stream is idle. Device-to-host
  * copies are immediate and wait for nothing, like copies beside
- * non-blocking streams on a real GPU.
+ * non-blocking streams on a real GPU. fst_double_stream_call queues a
+ * function for a stream's thread to run in its turn: the NCCL double's
+ * collectives, which wait there for their peers as a kernel would.
  *
  * Environment: FST_DOUBLE_DEVICES (default 2), FST_DOUBLE_MEM (bytes per
  * device, default 16 GiB), FST_DOUBLE_DELAY_US (max delay per operation,
@@ -78,12 +80,14 @@ static int ndevices(void) { return (int)env_long("FST_DOUBLE_DEVICES", 2); }
 
 /* ---- streams: a queue run late by a thread */
 
-enum { OP_COPY, OP_MARK };
+enum { OP_COPY, OP_MARK, OP_CALL };
 struct op {
 	int kind;
 	char *dst;
 	const char *src;
 	size_t n;
+	void (*fn)(void *);
+	void *arg;
 	uint64_t seq;
 	struct op *next;
 };
@@ -120,6 +124,8 @@ static void *stream_main(void *arg)
 			usleep((useconds_t)(rand_r(&s->seed) % (delay + 1)));
 		if (o->kind == OP_COPY)
 			memcpy(o->dst, o->src, o->n);
+		else if (o->kind == OP_CALL)
+			o->fn(o->arg);
 		pthread_mutex_lock(&s->m);
 		s->head = o->next;
 		if (!s->head)
@@ -132,13 +138,8 @@ static void *stream_main(void *arg)
 	return NULL;
 }
 
-static uint64_t enqueue(struct stream *s, int kind, char *dst, const char *src, size_t n)
+static uint64_t enqueue_op(struct stream *s, struct op *o)
 {
-	struct op *o = calloc(1, sizeof *o);
-	o->kind = kind;
-	o->dst = dst;
-	o->src = src;
-	o->n = n;
 	pthread_mutex_lock(&s->m);
 	/* o belongs to the stream's thread once queued: it may run and free it
 	 * as soon as the lock is dropped, so its number is kept here. */
@@ -151,6 +152,25 @@ static uint64_t enqueue(struct stream *s, int kind, char *dst, const char *src, 
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->m);
 	return seq;
+}
+
+static uint64_t enqueue(struct stream *s, int kind, char *dst, const char *src, size_t n)
+{
+	struct op *o = calloc(1, sizeof *o);
+	o->kind = kind;
+	o->dst = dst;
+	o->src = src;
+	o->n = n;
+	return enqueue_op(s, o);
+}
+
+API void fst_double_stream_call(void *h, void (*fn)(void *), void *arg)
+{
+	struct op *o = calloc(1, sizeof *o);
+	o->kind = OP_CALL;
+	o->fn = fn;
+	o->arg = arg;
+	enqueue_op(h, o);
 }
 
 static void wait_seq(struct stream *s, uint64_t seq)

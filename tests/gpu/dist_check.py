@@ -6,18 +6,41 @@ over a new communicator), and a rank that vanishes, make every rank fail
 within the timeout; and, in bench mode, time and bytes read per rank against every rank
 loading everything with the reference loader.
 
-  torchrun --nproc_per_node 2 tests/gpu/dist_check.py CKPT check|fail|nccl|vanish|bench
+With node communicators (fst.node_comm, nodes of NODE_SIZE consecutive ranks,
+default 2, standing for hosts): nodes checks the shards as check does and
+that each node's ranks read every broadcast tensor once and their own shards,
+no more, no less; nodes-fail that a rank that fails to read makes every rank
+fail; nodes-vanish that a rank that leaves makes every rank fail within the
+timeout.
+
+SAME_GPU=1 puts every rank on cuda:0. NCCL refuses two ranks on one GPU of
+one host, so each rank gets a host id of its own (NCCL_HOSTID) and looks like
+a host apart: NCCL then carries the traffic over its socket transport, on
+loopback (NCCL_SOCKET_IFNAME=lo; NCCL_IB_DISABLE=1, so that a machine's
+InfiniBand does not stand in for the sockets). Every mode runs that way, so
+several ranks, and several "nodes", fit on one GPU.
+
+  torchrun --nproc_per_node 2 tests/gpu/dist_check.py CKPT \
+      check|fail|nccl|vanish|bench|nodes|nodes-fail|nodes-vanish
 """
 import json
 import os
+import re
 import sys
 import time
 
-import torch
-import torch.distributed as dist
+SAME_GPU = os.environ.get("SAME_GPU", "0") == "1"
+if SAME_GPU:
+    # before anything (torch included) can start NCCL, which reads these once
+    os.environ["NCCL_HOSTID"] = f"fst-rank-{os.environ['RANK']}"
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_IB_DISABLE", "1")
 
-import fst
-from safetensors.torch import load_file as ref_load
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import fst  # noqa: E402
+from safetensors.torch import load_file as ref_load  # noqa: E402
 
 
 def shard_dims(ck):
@@ -42,6 +65,46 @@ def cut(full, d, rank, world):
     return full.narrow(d, start, min(block, size - start))
 
 
+def contiguous(shape, nbytes, d):
+    """The layout's rule: a shard read by its own rank, never broadcast."""
+    if d is None:
+        return False
+    outer = 1
+    for n in shape[:d]:
+        outer *= n
+    return outer == 1 or nbytes == 0
+
+
+def shard_bytes(shape, nbytes, d, rank, world):
+    size = shape[d]
+    if size == 0:
+        return 0
+    block = -(-size // world)
+    start = min(rank * block, size)
+    return nbytes // size * min(block, size - start)
+
+
+def expected_reads(ck, dims, world):
+    """What the layout says: the bytes of the broadcast tensors (read once
+    in each node), and each rank's contiguous shards (read by that rank)."""
+    bcast, own = 0, [0] * world
+    for name in ck.keys():
+        _dtype, shape, nbytes = ck.info(name)
+        d = dims.get(name)
+        if contiguous(shape, nbytes, d):
+            for r in range(world):
+                own[r] += shard_bytes(shape, nbytes, d, r, world)
+        else:
+            bcast += nbytes
+    return bcast, own
+
+
+def read_bytes(stats):
+    m = re.search(r"read (\d+) bytes from storage", stats["describe"])
+    assert m, stats["describe"]
+    return int(m.group(1))
+
+
 def same_bytes(a, b):
     a = a.contiguous().reshape(-1).view(torch.uint8)
     b = b.contiguous().reshape(-1).view(torch.uint8)
@@ -58,10 +121,16 @@ def evict(files):
 def main():
     path, mode = sys.argv[1], sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(rank)
+    gpu = 0 if SAME_GPU else rank
+    device = f"cuda:{gpu}"
+    torch.cuda.set_device(gpu)
     dist.init_process_group("gloo")
     timeout_ms = int(os.environ.get("TIMEOUT_MS", "20000"))
-    comm = fst.Comm(device=rank, timeout_ms=timeout_ms)
+    comm = fst.Comm(device=gpu, timeout_ms=timeout_ms)
+    node = None
+    if mode.startswith("nodes"):
+        node_size = int(os.environ.get("NODE_SIZE", "2"))
+        node = fst.node_comm(node_size, device=gpu, timeout_ms=timeout_ms)
     ck = fst.Checkpoint(path)
     dims = shard_dims(ck)
     say = lambda *a: print(f"[rank {rank}]", *a, flush=True)
@@ -70,7 +139,7 @@ def main():
         """The sharded load must fail: say how fast and why; returns seconds."""
         t0 = time.perf_counter()
         try:
-            fst.load_sharded(ck, comm, dims)
+            fst.load_sharded(ck, comm, dims, node=node)
         except fst.SafetensorError as e:
             dt = time.perf_counter() - t0
             say(f"OK: failed in {dt:.2f} s{note}: {e}")
@@ -78,27 +147,67 @@ def main():
         say("FAIL: the load succeeded")
         sys.exit(1)
 
-    if mode == "check":
-        stats = {}
-        got = fst.load_sharded(path, comm, dims, stats=stats)
-        single = fst.load_file(path, device=f"cuda:{rank}")
+    def check_shards(got):
+        """got against the reference loader's tensors and a single-GPU load,
+        cut the same way; returns how many tensors."""
+        single = fst.load_file(path, device=device)
         n = 0
         for f in ck.files():
             for name, full in ref_load(f).items():
                 want = cut(full, dims.get(name), rank, world)
                 assert tuple(got[name].shape) == tuple(want.shape), (name, got[name].shape,
                                                                      want.shape)
-                assert got[name].device == torch.device(f"cuda:{rank}")
+                assert got[name].device == torch.device(device)
                 assert same_bytes(got[name], want), f"{name}: bytes differ from the reference"
                 assert same_bytes(got[name], cut(single[name], dims.get(name), rank, world)), \
                     f"{name}: bytes differ from a single-GPU load"
                 n += 1
+        return n
+
+    if mode == "check":
+        stats = {}
+        got = fst.load_sharded(path, comm, dims, stats=stats)
+        n = check_shards(got)
         say(f"OK: {n} tensors equal to the reference slices and to a single-GPU load; "
             f"{stats['describe']}")
-    elif mode == "fail":
+    elif mode == "nodes":
+        stats = {}
+        got = fst.load_sharded(path, comm, dims, stats=stats, node=node)
+        n = check_shards(got)
+        say(f"OK: {n} tensors equal to the reference slices and to a single-GPU load; "
+            f"{stats['describe']}")
+        reads = [None] * world
+        dist.all_gather_object(reads, read_bytes(stats))
+        bcast, own = expected_reads(ck, dims, world)
+        if rank == 0:
+            total = sum(ck.info(name)[2] for name in ck.keys())
+            print(f"{world} ranks in nodes of {node_size}; checkpoint {total} bytes, "
+                  f"{bcast} of them broadcast (read once in each node)")
+            for r in range(world):
+                print(f"  rank {r} (node {r // node_size}): read {reads[r]} bytes "
+                      f"({own[r]} its own shards)")
+        for first in range(0, world, node_size):
+            ranks = range(first, first + node_size)
+            got_bytes, want = sum(reads[r] for r in ranks), bcast + sum(own[r] for r in ranks)
+            if rank == 0:
+                print(f"  node {first // node_size} (ranks {first}..{first + node_size - 1}): "
+                      f"read {got_bytes} bytes, the layout says {want}")
+            assert got_bytes == want, (first, got_bytes, want)
+        total_reads = sum(reads)
+        assert total_reads == sum(own) + world // node_size * bcast, total_reads
+        say(f"OK: every node read each broadcast tensor once and its ranks' own shards "
+            f"({world // node_size} nodes, {total_reads} bytes read in all)")
+    elif mode == "fail" or mode == "nodes-fail":
         if rank == 1:
             fst._fst.fault_set("read:1")  # this rank's first tensor read fails
         expect_failure()
+    elif mode == "nodes-vanish":
+        if rank == 1:
+            say("leaving without loading")
+            os._exit(0)
+        dt = expect_failure(f" (timeout {timeout_ms} ms)")
+        assert dt < timeout_ms / 1000 + 15
+        os._exit(0)
     elif mode == "nccl":
         # The real NCCL call of the final agreement fails on rank 1 (an
         # injected fault at the nccl site): both ranks fail, then both load
@@ -108,9 +217,9 @@ def main():
         expect_failure()
         fst._fst.fault_set(None)
         dist.barrier()
-        comm2 = fst.Comm(device=rank, timeout_ms=timeout_ms)
+        comm2 = fst.Comm(device=gpu, timeout_ms=timeout_ms)
         got = fst.load_sharded(path, comm2, dims)
-        single = fst.load_file(path, device=f"cuda:{rank}")
+        single = fst.load_file(path, device=device)
         for name, t in got.items():
             assert same_bytes(t, cut(single[name], dims.get(name), rank, world)), name
         say(f"OK: loaded again over a new communicator: {len(got)} tensors equal to a "
@@ -145,7 +254,7 @@ def main():
                     else:
                         out = {}
                         for f in files:
-                            out.update(ref_load(f, device=f"cuda:{rank}"))
+                            out.update(ref_load(f, device=device))
                     torch.cuda.synchronize()
                     dt = time.perf_counter() - t0
                     del out

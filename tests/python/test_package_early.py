@@ -507,3 +507,172 @@ def test_load_sharded_arguments(fst_pkg, files):
         fst_pkg.load_sharded(files["plain"], comm, {"a": "0"})
     with pytest.raises(TypeError, match=r"^dims=\[0\]: expected a dict"):
         fst_pkg.load_sharded(files["plain"], comm, [0])
+
+
+def test_load_sharded_node_arguments(fst_pkg, tmp_path):
+    """node= is checked against comm as libfst checks it, before the file is
+    opened (a missing file does not hide it): a Comm, whose size divides
+    comm's, whose rank is comm's rank modulo its size, on comm's GPU.
+    (Stand-in Comms: these fail before either is used.)"""
+    missing = str(tmp_path / "missing.safetensors")
+    comm = types.SimpleNamespace(device=0, rank=5, world=8, _comm=None)
+
+    def node(rank=1, world=4, device=0):
+        return types.SimpleNamespace(device=device, rank=rank, world=world, _comm=None)
+
+    for bad in (5, "node", types.SimpleNamespace(rank=1, world=4, device=0),
+                node(world=4.0)):
+        with pytest.raises(TypeError, match=r"^node=.*: expected an fst.Comm over this rank's "
+                                            r"node's ranks \(fst.node_comm\(\)\), or None") as ei:
+            fst_pkg.load_sharded(missing, comm, node=bad)
+        assert type(ei.value) is fst_pkg.ArgumentTypeError and ei.value.code == -1
+    cases = [
+        (node(world=3), r"^node=: a node Comm of 3 ranks does not divide the group of 8 ranks"),
+        (node(world=16), r"^node=: a node Comm of 16 ranks does not divide the group of 8"),
+        (node(rank=2), r"^node=: rank 5 of the group is rank 2 of the node Comm, not 1: a "
+                       r"node's ranks must be consecutive ranks of the group"),
+        (node(device=1), r"^node=: the node Comm is on cuda:1, comm on cuda:0"),
+    ]
+    for bad, pattern in cases:
+        with pytest.raises(fst_pkg.UsageError, match=pattern) as ei:
+            fst_pkg.load_sharded(missing, comm, node=bad)
+        assert not isinstance(ei.value, TypeError) and ei.value.code == -1
+    # the checks that pass go on: to torch (where it is missing), then the file
+    for good in (None, node(), node(rank=5, world=8), node(rank=0, world=1)):
+        with pytest.raises((fst_pkg.NoSuchFileError, fst_pkg.MissingDependencyError)):
+            fst_pkg.load_sharded(missing, comm, node=good)
+
+
+@pytest.mark.parametrize("kw,cls,pattern", [
+    (dict(ranks_per_node=0), "UsageError", r"^ranks_per_node=0: expected an int >= 1, or None "
+                                           r"for LOCAL_WORLD_SIZE"),
+    (dict(ranks_per_node=-2), "UsageError", r"^ranks_per_node=-2: expected an int >= 1"),
+    (dict(ranks_per_node="2"), "ArgumentTypeError", r"^ranks_per_node='2': expected an int"),
+    (dict(ranks_per_node=2.0), "ArgumentTypeError", r"^ranks_per_node=2.0: expected an int"),
+    (dict(ranks_per_node=True), "ArgumentTypeError", r"^ranks_per_node=True: expected an int"),
+    (dict(ranks_per_node=2, timeout_ms=-1), "UsageError", r"^timeout_ms=-1: expected"),
+    (dict(ranks_per_node=2, timeout_ms="5s"), "ArgumentTypeError", r"^timeout_ms='5s': "),
+    (dict(), "UsageError", r"^ranks_per_node=None and LOCAL_WORLD_SIZE is not set"),
+    (dict(env="two"), "UsageError", r"^LOCAL_WORLD_SIZE='two': expected a number of ranks"),
+    (dict(env="0"), "UsageError", r"^LOCAL_WORLD_SIZE='0': expected a number of ranks >= 1"),
+])
+def test_node_comm_arguments(fst_pkg, monkeypatch, kw, cls, pattern):
+    """node_comm's arguments are checked before torch.distributed is touched
+    (here torch is hidden: the checks fail first)."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    if "env" in kw:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", kw.pop("env"))
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)
+    with pytest.raises(fst_pkg.UsageError, match=pattern) as ei:
+        fst_pkg.node_comm(**kw)
+    assert type(ei.value).__name__ == cls and ei.value.code == -1
+
+
+class FakeDist(types.ModuleType):
+    """torch.distributed as node_comm uses it, for a process of rank `rank`
+    in a job whose processes pass `groups` (one list of ranks per process;
+    None: the world) and `sizes` (their ranks_per_node)."""
+
+    def __init__(self, world, rank, groups=None, sizes=None):
+        super().__init__("torch.distributed")
+        self.world, self.rank = world, rank
+        self.groups = groups or [list(range(world))] * world
+        self.sizes = sizes
+        self.made = []
+
+    def get_world_size(self, group=None):
+        return self.world if group is None else len(group)
+
+    def get_rank(self, group=None):
+        return self.rank if group is None else group.index(self.rank)
+
+    def get_process_group_ranks(self, group):
+        return list(group)
+
+    def all_gather_object(self, out, obj):
+        ranks, n, said = obj
+        for r in range(self.world):
+            k = self.sizes[r] if self.sizes else n
+            out[r] = (self.groups[r], k, said if k == n else f"ranks_per_node={k}")
+
+    def new_group(self, ranks):
+        self.made.append(list(ranks))
+        return ("group", tuple(ranks))
+
+
+@pytest.fixture
+def fake_dist(fst_pkg, monkeypatch):
+    """make(world, rank, ...) -> FakeDist installed as torch.distributed, with
+    fst's Comm replaced by a recorder of its arguments."""
+    import fst._dist as d
+
+    class Recorder:
+        def __init__(self, group=None, device=None, timeout_ms=0):
+            self.group, self.device, self.timeout_ms = group, device, timeout_ms
+
+    monkeypatch.setattr(d, "Comm", Recorder)
+
+    def make(world, rank, groups=None, sizes=None):
+        fake = FakeDist(world, rank, groups, sizes)
+        torch = types.ModuleType("torch")
+        torch.distributed = fake
+        monkeypatch.setitem(sys.modules, "torch", torch)
+        monkeypatch.setitem(sys.modules, "torch.distributed", fake)
+        return fake
+
+    return make
+
+
+def test_node_comm_makes_every_node_group_in_order(fst_pkg, fake_dist, monkeypatch):
+    """Every process makes every node's group, in one order (as
+    dist.new_group requires), and its Comm over its own node's."""
+    dist = fake_dist(8, 5)
+    c = fst_pkg.node_comm(4, device=3, timeout_ms=1500)
+    assert dist.made == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert (c.group, c.device, c.timeout_ms) == (("group", (4, 5, 6, 7)), 3, 1500)
+    # ranks_per_node from LOCAL_WORLD_SIZE, as torchrun sets it
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    dist = fake_dist(8, 0)
+    c = fst_pkg.node_comm()
+    assert dist.made == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert c.group == ("group", (0, 1))
+    # one node of the whole world
+    dist = fake_dist(4, 3)
+    assert fst_pkg.node_comm(4).group == ("group", (0, 1, 2, 3)) and len(dist.made) == 1
+
+
+def test_node_comm_over_subgroups(fst_pkg, fake_dist):
+    """With group=, each process's own group is split, and every node of
+    every process's group is made on every process, in one order: here two
+    tensor-parallel groups of 4, {0, 1, 6, 7} and {2, 3, 4, 5}."""
+    a, b = [0, 1, 6, 7], [2, 3, 4, 5]
+    groups = [a, a, b, b, b, b, a, a]
+    for rank, want in ((3, (2, 3)), (6, (6, 7)), (4, (4, 5))):
+        dist = fake_dist(8, rank, groups)
+        c = fst_pkg.node_comm(2, group=groups[rank])
+        assert dist.made == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert c.group == ("group", want)
+
+
+def test_node_comm_size_must_divide(fst_pkg, fake_dist, monkeypatch):
+    """A node size that does not divide a group's is a UsageError on every
+    process, after they shared their sizes (none is left waiting), and no
+    group is made; LOCAL_WORLD_SIZE is named where it was the source."""
+    dist = fake_dist(6, 1)
+    with pytest.raises(fst_pkg.UsageError, match=r"^node_comm: ranks_per_node=4 does not divide "
+                                                 r"the group of 6 ranks: a node is that many "
+                                                 r"consecutive ranks of the group"):
+        fst_pkg.node_comm(4)
+    assert dist.made == []
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    fake_dist(6, 1)
+    with pytest.raises(fst_pkg.UsageError, match=r"^node_comm: LOCAL_WORLD_SIZE=4 does not "
+                                                 r"divide the group of 6 ranks"):
+        fst_pkg.node_comm()
+    # another process's size fails this one too
+    dist = fake_dist(4, 0, sizes=[2, 2, 3, 2])
+    with pytest.raises(fst_pkg.UsageError, match=r"ranks_per_node=3 does not divide the group "
+                                                 r"of 4 ranks"):
+        fst_pkg.node_comm(2)
+    assert dist.made == []

@@ -3,7 +3,13 @@
  * storage exactly once in the group; shards cut as fastsafetensors cuts them
  * (block = ceil(size / world)); contiguous shards need no broadcast; every
  * rank agrees on the owners, whose bytes balance; destinations are aligned
- * and disjoint. */
+ * and disjoint. With nodes (worlds 2, 4, 8 and 16, every node size that
+ * divides them): one node is the layout above, owners by the rule it has
+ * always had; in each node every broadcast tensor is read exactly once, by
+ * a rank of that node chosen by the same rule over the node's ranks, and the
+ * node's reads add up to the broadcast bytes and its ranks' own shards; the
+ * shards and the buffer do not depend on the nodes; a node size that does
+ * not divide the world is refused, naming both. */
 #include "helpers.h"
 
 #include "layout.h"
@@ -53,6 +59,29 @@ static fst_checkpoint *random_checkpoint(int k, size_t *n)
 	return ck;
 }
 
+/* A shard dimension or FST_REPLICATE per tensor, at random. */
+static int *random_dims(const fst_checkpoint *ck, size_t n)
+{
+	int *dims = calloc(n + 1, sizeof *dims);
+	assert_non_null(dims);
+	for (size_t i = 0; i < n; i++) {
+		fst_tensor_info t;
+		fst_checkpoint_tensor(ck, i, &t, NULL);
+		dims[i] = t.ndim && next() % 3 ? (int)(next() % t.ndim) : FST_REPLICATE;
+	}
+	return dims;
+}
+
+/* The layout of rank r of world in nodes of ns ranks, which must succeed. */
+static void layout(const fst_checkpoint *ck, const int *dims, int world, int r, int ns,
+		   struct fsti_dist *d)
+{
+	fst_error err;
+	int rc = fsti_dist_layout(ck, NULL, NULL, dims, world, r, ns, 256, d, &err);
+	if (rc)
+		fail_msg("layout of rank %d of %d, nodes of %d: %s", r, world, ns, err.message);
+}
+
 static void test_layout_properties(void **state)
 {
 	(void)state;
@@ -60,18 +89,11 @@ static void test_layout_properties(void **state)
 		size_t n;
 		fst_checkpoint *ck = random_checkpoint(k % 8, &n);
 		int world = 1 + (int)(next() % 4);
-		int *dims = calloc(n + 1, sizeof *dims);
-		for (size_t i = 0; i < n; i++) {
-			fst_tensor_info t;
-			fst_checkpoint_tensor(ck, i, &t, NULL);
-			dims[i] = t.ndim && next() % 3 ? (int)(next() % t.ndim) : FST_REPLICATE;
-		}
+		int *dims = random_dims(ck, n);
 		struct fsti_dist d[4];
 		uint64_t read_total = 0, full_total = 0;
-		fst_error err;
 		for (int r = 0; r < world; r++) {
-			assert_int_equal(fsti_dist_layout(ck, NULL, NULL, dims, world, r, 256, &d[r], &err),
-					 0);
+			layout(ck, dims, world, r, 0, &d[r]);
 			assert_int_equal(d[r].n, n);
 			read_total += d[r].read_bytes;
 		}
@@ -129,6 +151,182 @@ static void test_layout_properties(void **state)
 	}
 }
 
+#define MAX_WORLD 16
+
+/* The owner of each broadcast tensor as one-node loads have always chosen
+ * it, written out apart from layout.c: the rank whose 1/world of the
+ * broadcast bytes holds the tensor's middle byte. */
+static void reference_owners(const struct fsti_dist *d, int world, int *owner)
+{
+	uint64_t total = 0, before = 0;
+	for (size_t i = 0; i < d->n; i++)
+		total += d->t[i].contiguous ? 0 : d->t[i].full_bytes;
+	for (size_t i = 0; i < d->n; i++) {
+		const struct fsti_dist_tensor *t = &d->t[i];
+		owner[i] = -1;
+		if (t->contiguous)
+			continue;
+		uint64_t mid = before + t->full_bytes / 2;
+		owner[i] = total ? (int)(mid * (uint64_t)world / total) : 0;
+		if (owner[i] > world - 1)
+			owner[i] = world - 1;
+		before += t->full_bytes;
+	}
+}
+
+/* What does not depend on the nodes: the shards and this rank's buffer. */
+static void assert_same_shards(const struct fsti_dist *a, const struct fsti_dist *b)
+{
+	assert_int_equal(a->n, b->n);
+	assert_int_equal(a->dst_bytes, b->dst_bytes);
+	assert_int_equal(a->temp_bytes, b->temp_bytes);
+	assert_int_equal(a->bcast_bytes, b->bcast_bytes);
+	for (size_t i = 0; i < a->n; i++) {
+		const struct fsti_dist_tensor *x = &a->t[i], *y = &b->t[i];
+		assert_int_equal(x->entry, y->entry);
+		assert_int_equal(x->dim, y->dim);
+		assert_int_equal(x->full_bytes, y->full_bytes);
+		assert_int_equal(x->start, y->start);
+		assert_int_equal(x->len, y->len);
+		assert_int_equal(x->shard_bytes, y->shard_bytes);
+		assert_int_equal(x->contiguous, y->contiguous);
+		assert_int_equal(x->dst_off, y->dst_off);
+	}
+}
+
+/* The owned inner-dim tensors of rank r lie apart in its scratch, aligned. */
+static void assert_scratch(const struct fsti_dist *d, int r)
+{
+	uint64_t end = 0;
+	for (size_t i = 0; i < d->n; i++) {
+		const struct fsti_dist_tensor *t = &d->t[i];
+		if (t->contiguous || t->dim < 0 || t->owner != r)
+			continue;
+		assert_int_equal(t->scratch_off % 256, 0);
+		assert_true(t->scratch_off >= end);
+		end = t->scratch_off + t->full_bytes;
+	}
+	assert_true(end <= d->scratch_bytes);
+}
+
+static void test_layout_nodes(void **state)
+{
+	(void)state;
+	static const int worlds[] = {2, 4, 8, 16};
+	for (int k = 0; k < 200; k++) {
+		size_t n;
+		fst_checkpoint *ck = random_checkpoint(k % 8, &n);
+		int world = worlds[k % 4];
+		int *dims = random_dims(ck, n);
+		int *ref = calloc(n + 1, sizeof *ref);
+		struct fsti_dist one[MAX_WORLD], d[MAX_WORLD];
+		fst_error err;
+		/* node_size 0 and node_size == world: the layout of one node */
+		for (int r = 0; r < world; r++) {
+			layout(ck, dims, world, r, 0, &one[r]);
+			layout(ck, dims, world, r, world, &d[r]);
+			assert_int_equal(one[r].node_size, world);
+			assert_int_equal(d[r].node_size, world);
+			assert_same_shards(&one[r], &d[r]);
+			assert_int_equal(d[r].read_bytes, one[r].read_bytes);
+			assert_int_equal(d[r].scratch_bytes, one[r].scratch_bytes);
+			reference_owners(&one[r], world, ref);
+			for (size_t i = 0; i < n; i++) {
+				assert_int_equal(one[r].t[i].owner, ref[i]);
+				assert_int_equal(one[r].t[i].root, ref[i]);
+				assert_int_equal(d[r].t[i].owner, ref[i]);
+				assert_int_equal(d[r].t[i].scratch_off, one[r].t[i].scratch_off);
+			}
+			fsti_dist_free(&d[r]);
+		}
+		for (int ns = 1; ns <= world; ns++) {
+			if (world % ns) {
+				int rc = fsti_dist_layout(ck, NULL, NULL, dims, world, 0, ns, 256,
+							  &d[0], &err);
+				assert_int_equal(rc, FST_EUSAGE);
+				char want[80];
+				snprintf(want, sizeof want, "nodes of %d ranks do not divide the "
+							    "group of %d ranks",
+					 ns, world);
+				assert_string_equal(err.message, want);
+				continue;
+			}
+			for (int r = 0; r < world; r++) {
+				layout(ck, dims, world, r, ns, &d[r]);
+				assert_same_shards(&one[r], &d[r]);
+				assert_scratch(&d[r], r);
+			}
+			/* within a node, the rule of one node over the node's ranks */
+			reference_owners(&one[0], ns, ref);
+			uint64_t biggest = 0;
+			for (size_t i = 0; i < n; i++)
+				if (!one[0].t[i].contiguous && one[0].t[i].full_bytes > biggest)
+					biggest = one[0].t[i].full_bytes;
+			for (int node = 0; node < world / ns; node++) {
+				uint64_t reads = 0, own_shards = 0;
+				for (int r = node * ns; r < (node + 1) * ns; r++) {
+					reads += d[r].read_bytes;
+					uint64_t owned = 0;
+					for (size_t i = 0; i < n; i++) {
+						const struct fsti_dist_tensor *t = &d[r].t[i];
+						if (t->contiguous) {
+							assert_int_equal(t->owner, -1);
+							assert_int_equal(t->root, -1);
+							own_shards += t->shard_bytes;
+							continue;
+						}
+						assert_int_equal(t->root, ref[i]);
+						assert_int_equal(t->owner, node * ns + ref[i]);
+						owned += t->owner == r ? t->full_bytes : 0;
+					}
+					/* the node's ranks split the broadcast bytes evenly */
+					uint64_t share = d[r].bcast_bytes / (uint64_t)ns;
+					assert_true(owned <= share + biggest);
+				}
+				/* each broadcast tensor read exactly once in the node */
+				for (size_t i = 0; i < n; i++) {
+					if (d[node * ns].t[i].contiguous)
+						continue;
+					int readers = 0;
+					for (int r = node * ns; r < (node + 1) * ns; r++)
+						readers += d[r].t[i].owner == r;
+					assert_int_equal(readers, 1);
+				}
+				assert_int_equal(reads, d[0].bcast_bytes + own_shards);
+			}
+			for (int r = 0; r < world; r++)
+				fsti_dist_free(&d[r]);
+		}
+		for (int r = 0; r < world; r++)
+			fsti_dist_free(&one[r]);
+		free(ref);
+		free(dims);
+		fst_checkpoint_close(ck);
+	}
+}
+
+static void test_bad_node_sizes(void **state)
+{
+	(void)state;
+	size_t n;
+	fst_checkpoint *ck = random_checkpoint(98, &n);
+	static const int sizes[] = {-1, 3, 5, 8};
+	for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+		struct fsti_dist d;
+		fst_error err;
+		long allocs = fsti_live_allocations();
+		int rc = fsti_dist_layout(ck, NULL, NULL, NULL, 4, 1, sizes[k], 256, &d, &err);
+		assert_int_equal(rc, FST_EUSAGE);
+		char want[80];
+		snprintf(want, sizeof want, "nodes of %d ranks do not divide the group of 4 ranks",
+			 sizes[k]);
+		assert_string_equal(err.message, want);
+		assert_null(d.t);
+		assert_int_equal(fsti_live_allocations(), allocs);
+	}
+	fst_checkpoint_close(ck);
+}
+
 static void test_bad_dims(void **state)
 {
 	(void)state;
@@ -139,7 +337,8 @@ static void test_bad_dims(void **state)
 		dims[i] = 7; /* no tensor here has 8 dimensions */
 	struct fsti_dist d;
 	fst_error err;
-	assert_int_equal(fsti_dist_layout(ck, NULL, NULL, dims, 2, 0, 256, &d, &err), FST_EUSAGE);
+	assert_int_equal(fsti_dist_layout(ck, NULL, NULL, dims, 2, 0, 0, 256, &d, &err),
+			 FST_EUSAGE);
 	assert_non_null(strstr(err.message, "cannot shard along dim 7"));
 	free(dims);
 	fst_checkpoint_close(ck);
@@ -159,6 +358,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_layout_properties),
+		cmocka_unit_test(test_layout_nodes),
+		cmocka_unit_test(test_bad_node_sizes),
 		cmocka_unit_test(test_bad_dims),
 		cmocka_unit_test(test_no_nccl_is_a_clear_error),
 	};

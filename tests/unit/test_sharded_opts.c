@@ -1,8 +1,10 @@
-/* Description: fst_load_sharded checks its options with the one check
- * fst_load makes, before anything else: an options struct that was not
- * initialised (struct_size 0, garbage, or larger than this library's) is
- * refused with fst_load's status and message, before the communicator is
- * used (here there is none), and no buffer is handed out. And the buffer of
+/* Description: fst_load_sharded and fst_load_sharded_nodes check their
+ * options with the one check fst_load makes, before anything else: an
+ * options struct that was not initialised (struct_size 0, garbage, or larger
+ * than this library's) is refused with fst_load's status and message,
+ * before the communicators are used (here there are none; the node's is a
+ * pointer that must not be followed), and no buffer is handed out; the
+ * argument checks after it name the function that was called. And the buffer of
  * a sharded load (fsti_buffer_new_sharded) has each rank's shard shapes and
  * bytes, the checkpoint's own shapes untouched. */
 #include "helpers.h"
@@ -29,22 +31,28 @@ static fst_checkpoint *small_checkpoint(void)
 	return ck;
 }
 
-/* fst_load_sharded (with no comm) fails as fst_load does with o. */
+/* Stands for a node's communicator that the checks must not reach. */
+static fst_comm *const untouchable = (fst_comm *)(uintptr_t)0x10;
+
+/* fst_load_sharded(_nodes) (with no comm) fails as fst_load does with o. */
 static void expect_same_refusal(const fst_checkpoint *ck, const fst_load_opts *o)
 {
-	fst_error lerr, serr;
-	fst_buffer *lbuf = NULL, *sbuf = (fst_buffer *)&sbuf; /* must be cleared */
-	int lrc = fst_load(ck, o, &lbuf, &lerr);
-	long allocs = fsti_live_allocations();
-	int src = fst_load_sharded(ck, o, NULL, NULL, &sbuf, &serr);
-	assert_int_equal(lrc, FST_EUSAGE);
-	assert_null(lbuf);
-	assert_int_equal(src, lrc);
-	assert_int_equal(serr.code, lrc);
-	assert_string_equal(serr.message, lerr.message);
-	assert_non_null(strstr(serr.message, "fst_load_opts_init"));
-	assert_null(sbuf);
-	assert_int_equal(fsti_live_allocations(), allocs);
+	for (int nodes = 0; nodes < 2; nodes++) {
+		fst_error lerr, serr;
+		fst_buffer *lbuf = NULL, *sbuf = (fst_buffer *)&sbuf; /* must be cleared */
+		int lrc = fst_load(ck, o, &lbuf, &lerr);
+		long allocs = fsti_live_allocations();
+		int src = nodes ? fst_load_sharded_nodes(ck, o, NULL, untouchable, NULL, &sbuf, &serr)
+				: fst_load_sharded(ck, o, NULL, NULL, &sbuf, &serr);
+		assert_int_equal(lrc, FST_EUSAGE);
+		assert_null(lbuf);
+		assert_int_equal(src, lrc);
+		assert_int_equal(serr.code, lrc);
+		assert_string_equal(serr.message, lerr.message);
+		assert_non_null(strstr(serr.message, "fst_load_opts_init"));
+		assert_null(sbuf);
+		assert_int_equal(fsti_live_allocations(), allocs);
+	}
 }
 
 static void test_uninitialised_options(void **state)
@@ -75,7 +83,13 @@ static void test_good_options_reach_the_comm_check(void **state)
 		fst_error err;
 		fst_buffer *buf = NULL;
 		assert_int_equal(fst_load_sharded(ck, cases[i], NULL, NULL, &buf, &err), FST_EUSAGE);
-		assert_non_null(strstr(err.message, "checkpoint, comm and out are required"));
+		assert_string_equal(err.message,
+				    "fst_load_sharded: checkpoint, comm and out are required");
+		assert_null(buf);
+		int rc = fst_load_sharded_nodes(ck, cases[i], NULL, untouchable, NULL, &buf, &err);
+		assert_int_equal(rc, FST_EUSAGE);
+		assert_string_equal(err.message,
+				    "fst_load_sharded_nodes: checkpoint, comm and out are required");
 		assert_null(buf);
 	}
 	/* the rest of the one check applies too */
@@ -128,7 +142,7 @@ static void test_buffer_has_shard_shapes(void **state)
 	};
 	long allocs = fsti_live_allocations();
 	struct fsti_dist d;
-	assert_int_equal(fsti_dist_layout(ck, NULL, NULL, dims, 2, 1, 256, &d, &err), 0);
+	assert_int_equal(fsti_dist_layout(ck, NULL, NULL, dims, 2, 1, 0, 256, &d, &err), 0);
 	struct fst_buffer *buf;
 	assert_int_equal(fsti_buffer_new_sharded(ck, &d, &buf, &err), 0);
 	assert_int_equal(buf->nt, n);
