@@ -45,6 +45,11 @@ struct fsti_source {
 /* Cold files read through the page cache with readahead: bigger copies out
  * of the cache than the cached default, measured best on the H200's disk. */
 #define FSTI_STAGING_COLD (256ull << 20)
+/* Workers of a load of cold files read with readahead when the caller
+ * left the count to fst: at least this many, even on fewer cores (on the
+ * 2-core development VM 16 read 1.1-1.8x faster than 2; docs/design.md,
+ * "Defaults"). */
+#define FSTI_COLD_THREADS 16u
 /* Readahead of cold files read through the page cache, by default
  * (docs/design.md, "Readers and io=auto"). */
 #define FSTI_READAHEAD (1ull << 30)

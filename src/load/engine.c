@@ -379,6 +379,11 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 						   : choose_io(e, e->device_type, err);
 	if (!rc)
 		rc = check_files_unchanged(ck, "since it was opened", err);
+	/* Cold reads wait on the disk, not on the CPUs: enough of them in
+	 * flight to keep its queue deep whatever the core count. A count the
+	 * caller gave stands. */
+	if (!rc && reads_ahead(e) && (!opts || !opts->threads))
+		e->opts.threads = FSTI_MAX(e->opts.threads, FSTI_COLD_THREADS);
 	/* pread into host memory needs nothing in between; everything else
 	 * lands in per-worker slots first. */
 	bool host_dst = e->device_type == FST_DEVICE_CPU || e->unified;

@@ -3,11 +3,14 @@
  * fetch ahead (the "prefetch" fault site counts the calls), says so in its
  * description, and its bytes equal the files'; refused advice changes no
  * byte; readahead_bytes = FST_READAHEAD_OFF, files in the page cache and
- * io=uring never ask. */
+ * io=uring never ask. With the thread count left to fst, a cold load reads
+ * with 16 threads whatever the core count, a warm one with one per CPU (at
+ * most 16), and a count the caller gives stands. */
 #include "format.h"
 #include "load_helpers.h"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 /* io/residency.c: the suite links the static library. */
@@ -83,6 +86,37 @@ static void test_readahead(void **state)
 
 	o.readahead_bytes = 0;
 	assert_int_equal(load_counting(ck, &o, false, NULL, "warm"), 0);
+
+	/* threads left to fst: 16 cold whatever the cores; one per CPU warm */
+	uint64_t total = 0;
+	for (size_t i = 0; i < fst_checkpoint_tensor_count(ck); i++) {
+		fst_tensor_info info;
+		fst_checkpoint_tensor(ck, i, &info, NULL);
+		total += info.nbytes;
+	}
+	o.chunk_bytes = 4096;
+	if (total / o.chunk_bytes < 16)
+		fail_msg("the checkpoint (%llu bytes) makes fewer than 16 chunks",
+			 (unsigned long long)total);
+	o.threads = 0;
+	load_counting(ck, &o, true, "pread, 16 threads", "cold, threads left to fst");
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned warm = cpus < 1 ? 1 : cpus > 16 ? 16 : (unsigned)cpus;
+	char want[32];
+	snprintf(want, sizeof want, "pread, %u thread%s", warm, warm == 1 ? "" : "s");
+	lh_files fs;
+	lh_files_read(ck, &fs); /* in the page cache */
+	fst_buffer *buf;
+	fst_error err;
+	assert_int_equal(fst_load(ck, &o, &buf, &err), 0);
+	if (!strstr(fst_buffer_describe(buf), want))
+		fail_msg("warm, threads left to fst: \"%s\" lacks \"%s\"",
+			 fst_buffer_describe(buf), want);
+	fst_buffer_release(buf);
+	lh_files_free(&fs);
+	o.threads = 3;
+	load_counting(ck, &o, true, "pread, 3 threads", "cold, 3 threads asked");
+	o.chunk_bytes = 64 << 10;
 
 	if (lh_uring_usable()) {
 		o.io = FST_IO_URING;

@@ -82,8 +82,8 @@ int cli_open_checkpoint(const char *path, fst_checkpoint **out, fst_error *err);
 #define CLI_LOAD_OPTIONS_HELP                                                          \
 	"  --device DEV    cpu (default), cuda or cuda:N\n"                                \
 	"  --io METHOD     auto (default), pread, uring or mmap (cpu only)\n"              \
-	"  --threads N     reader threads (default: one per CPU, at most 16; for URLs,\n"  \
-	"                  connections: 16)\n"                                           \
+	"  --threads N     reader threads (default: one per CPU, at most 16; cold\n"       \
+	"                  files read ahead: 16 at least; URLs: 16 connections)\n"         \
 	"  --chunk SIZE    bytes per read (default 16MiB; for URLs 8MiB per GET)\n"       \
 	"  --staging SIZE  host staging budget (default 64MiB cached, 256MiB O_DIRECT)\n" \
 	"  --pinned        cpu: page-lock the destination\n"                             \
