@@ -37,6 +37,9 @@ for m in $([ "$PEERS" = 1 ] && echo "$PEER_MODELS") $([ "$SWEEP" = 1 ] && echo g
 	[ -d "$WORK/ck/$m" ] || "$py" bench/make_checkpoints.py "$WORK/ck" --only "$m" 2>&1 |
 		tee -a "$OUT/checkpoints.txt"
 done
+# The checkpoints just written are still being written back: the first warm
+# round of h200-2026-12-02-side-by-side ran beside that and measured low.
+sync
 
 if [ -n "$BEFORE" ]; then
 	m=$WORK/ck/llama3-8b
