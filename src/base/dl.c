@@ -45,3 +45,11 @@ int fsti_dl_load(const struct fsti_dl_lib *lib, const struct fsti_dl_sym *syms, 
 	*handle = h;
 	return 0;
 }
+
+int fsti_dl_once(struct fsti_dl_once *o, void (*load)(void), fst_error *err)
+{
+	pthread_once(&o->once, load);
+	if (o->status && err)
+		*err = o->error;
+	return o->status;
+}

@@ -11,6 +11,8 @@
 
 #include "base.h"
 
+#include <pthread.h>
+
 /* One function of a table: its symbol; an older name tried where the
  * library lacks it (or NULL); where its pointer goes (offsetof in the
  * table); whether the library is usable without it (the pointer is then
@@ -43,5 +45,20 @@ struct fsti_dl_lib {
  */
 int fsti_dl_load(const struct fsti_dl_lib *lib, const struct fsti_dl_sym *syms, size_t n,
 		 void *table, void **handle, char *path, size_t size, fst_error *err);
+
+/*
+ * A library opened once per process: load runs the first time any thread
+ * asks (pthread_once) and leaves its outcome in status and error, which
+ * every later caller gets. status is 1 until load has run.
+ */
+struct fsti_dl_once {
+	pthread_once_t once;
+	int status;
+	fst_error error;
+};
+#define FSTI_DL_ONCE_INIT {PTHREAD_ONCE_INIT, 1, {0}}
+
+/* Run load once; then 0, or its status with *err (may be NULL) its error. */
+int fsti_dl_once(struct fsti_dl_once *o, void (*load)(void), fst_error *err);
 
 #endif

@@ -18,9 +18,7 @@
 #define MAX_DEVICES 64
 
 static struct fsti_cuda table;
-static fst_error load_error;
-static int load_status = 1; /* 1: not tried */
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static struct fsti_dl_once loaded = FSTI_DL_ONCE_INIT;
 
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext contexts[MAX_DEVICES];
@@ -92,39 +90,37 @@ static void load(void)
 {
 	const struct fsti_dl_lib lib = {"CUDA driver", fsti_env(FSTI_ENV_CUDA_LIBRARY),
 					"libcuda.so.1", FST_EDEVICE};
-	load_status = fsti_dl_load(&lib, syms, sizeof syms / sizeof syms[0], &table, &table.lib,
-				   table.path, sizeof table.path, &load_error);
-	if (load_status)
+	loaded.status = fsti_dl_load(&lib, syms, sizeof syms / sizeof syms[0], &table, &table.lib,
+				    table.path, sizeof table.path, &loaded.error);
+	if (loaded.status)
 		return;
 	CUresult r = table.cuInit(0);
 	if (r == FSTI_CUDA_ERROR_STUB_LIBRARY) {
-		load_status = fsti_err_backend(&load_error, FST_EDEVICE, r,
-					       "no CUDA driver: %s is the toolkit's stub library",
-					       table.path);
+		loaded.status = fsti_err_backend(&loaded.error, FST_EDEVICE, r,
+					        "no CUDA driver: %s is the toolkit's stub library",
+					        table.path);
 		return;
 	}
 	if (r != FSTI_CUDA_SUCCESS) {
-		load_status = fsti_cuda_fail(&table, r, &load_error,
-					     "no usable CUDA driver: cuInit failed");
+		loaded.status = fsti_cuda_fail(&table, r, &loaded.error,
+					      "no usable CUDA driver: cuInit failed");
 		return;
 	}
 	table.cuDriverGetVersion(&table.driver_version);
 	if (table.driver_version < MIN_DRIVER_VERSION) {
-		load_status = fsti_err(&load_error, FST_EDEVICE,
-				       "CUDA driver version %d.%d is older than the 11.0 libfst needs",
-				       table.driver_version / 1000, table.driver_version % 1000 / 10);
+		loaded.status = fsti_err(&loaded.error, FST_EDEVICE,
+				        "CUDA driver version %d.%d is older than the 11.0 libfst needs",
+				        table.driver_version / 1000, table.driver_version % 1000 / 10);
 		return;
 	}
-	load_status = 0;
+	loaded.status = 0;
 }
 
 int fsti_cuda_get(const struct fsti_cuda **out, fst_error *err)
 {
-	pthread_once(&load_once, load);
-	*out = load_status ? NULL : &table;
-	if (load_status && err)
-		*err = load_error;
-	return load_status;
+	int rc = fsti_dl_once(&loaded, load, err);
+	*out = rc ? NULL : &table;
+	return rc;
 }
 
 int fsti_cuda_use_device(const struct fsti_cuda *cu, int device, fst_error *err)

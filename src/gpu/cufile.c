@@ -6,13 +6,10 @@
 #include "cufile.h"
 #include "dl.h"
 
-#include <pthread.h>
 #include <stdio.h>
 
 static struct fsti_cufile table;
-static fst_error load_error;
-static int load_status = 1; /* 1: not tried */
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static struct fsti_dl_once loaded = FSTI_DL_ONCE_INIT;
 
 const char *fsti_cufile_error_name(int err, char *buf, size_t size)
 {
@@ -61,15 +58,13 @@ static void load(void)
 {
 	const struct fsti_dl_lib lib = {"cuFile library", fsti_env(FSTI_ENV_CUFILE_LIBRARY),
 					"libcufile.so.0", FST_EUNSUPPORTED};
-	load_status = fsti_dl_load(&lib, syms, sizeof syms / sizeof syms[0], &table, &table.lib,
-				   table.path, sizeof table.path, &load_error);
+	loaded.status = fsti_dl_load(&lib, syms, sizeof syms / sizeof syms[0], &table, &table.lib,
+				    table.path, sizeof table.path, &loaded.error);
 }
 
 int fsti_cufile_get(const struct fsti_cufile **out, fst_error *err)
 {
-	pthread_once(&load_once, load);
-	*out = load_status ? NULL : &table;
-	if (load_status && err)
-		*err = load_error;
-	return load_status;
+	int rc = fsti_dl_once(&loaded, load, err);
+	*out = rc ? NULL : &table;
+	return rc;
 }

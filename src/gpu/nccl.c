@@ -2,12 +2,9 @@
 #include "nccl.h"
 #include "dl.h"
 
-#include <pthread.h>
 
 static struct fsti_nccl table;
-static fst_error load_error;
-static int load_status = 1;
-static pthread_once_t once = PTHREAD_ONCE_INIT;
+static struct fsti_dl_once loaded = FSTI_DL_ONCE_INIT;
 
 #define SYM(f) FSTI_DL_SYM(struct fsti_nccl, f)
 static const struct fsti_dl_sym syms[] = {
@@ -29,15 +26,13 @@ static void load(void)
 {
 	const struct fsti_dl_lib lib = {"NCCL", fsti_env(FSTI_ENV_NCCL_LIBRARY), "libnccl.so.2",
 					FST_EUNSUPPORTED};
-	load_status = fsti_dl_load(&lib, syms, sizeof syms / sizeof syms[0], &table, &table.lib,
-				   NULL, 0, &load_error);
+	loaded.status = fsti_dl_load(&lib, syms, sizeof syms / sizeof syms[0], &table, &table.lib,
+				    NULL, 0, &loaded.error);
 }
 
 int fsti_nccl_get(const struct fsti_nccl **out, fst_error *err)
 {
-	pthread_once(&once, load);
-	*out = load_status ? NULL : &table;
-	if (load_status && err)
-		*err = load_error;
-	return load_status;
+	int rc = fsti_dl_once(&loaded, load, err);
+	*out = rc ? NULL : &table;
+	return rc;
 }

@@ -7,12 +7,9 @@
 #include "dl.h"
 #include "net.h"
 
-#include <pthread.h>
 
 static struct fsti_curl table;
-static fst_error load_error;
-static int load_status = 1; /* 1: not tried */
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static struct fsti_dl_once loaded = FSTI_DL_ONCE_INIT;
 
 #define SYM(f) FSTI_DL_SYM(struct fsti_curl, f)
 static const struct fsti_dl_sym syms[] = {
@@ -27,23 +24,21 @@ static void load(void)
 {
 	const struct fsti_dl_lib lib = {"libcurl (needed for URLs)", fsti_env(FSTI_ENV_CURL_LIBRARY),
 					"libcurl.so.4", FST_EUNSUPPORTED};
-	load_status = fsti_dl_load(&lib, syms, sizeof syms / sizeof syms[0], &table, &table.lib,
-				   table.path, sizeof table.path, &load_error);
-	if (load_status)
+	loaded.status = fsti_dl_load(&lib, syms, sizeof syms / sizeof syms[0], &table, &table.lib,
+				    table.path, sizeof table.path, &loaded.error);
+	if (loaded.status)
 		return;
 	/* Not thread safe before libcurl 7.84: hence here, once. */
 	int rc = table.curl_global_init(FSTI_CURL_GLOBAL_DEFAULT);
 	if (rc)
-		load_status = fsti_err(&load_error, FST_EUNSUPPORTED,
-				       "libcurl %s: curl_global_init failed: %s", table.path,
-				       table.curl_easy_strerror(rc));
+		loaded.status = fsti_err(&loaded.error, FST_EUNSUPPORTED,
+				        "libcurl %s: curl_global_init failed: %s", table.path,
+				        table.curl_easy_strerror(rc));
 }
 
 int fsti_curl_get(const struct fsti_curl **out, fst_error *err)
 {
-	pthread_once(&load_once, load);
-	*out = load_status ? NULL : &table;
-	if (load_status && err)
-		*err = load_error;
-	return load_status;
+	int rc = fsti_dl_once(&loaded, load, err);
+	*out = rc ? NULL : &table;
+	return rc;
 }
