@@ -32,6 +32,8 @@ static const char *const names[FSTI_ENV_COUNT] = {
 	[FSTI_ENV_GDS] = "FST_GDS",
 	/* collective deadline in ms for comms made with timeout 0 (default 300000); per comm */
 	[FSTI_ENV_DIST_TIMEOUT_MS] = "FST_DIST_TIMEOUT_MS",
+	/* bytes of broadcast per pipeline step of a sharded load (default 256 MiB); per load */
+	[FSTI_ENV_DIST_GROUP_BYTES] = "FST_DIST_GROUP_BYTES",
 	/* the unified-memory policy (auto, on, off) where options leave auto; at each load */
 	[FSTI_ENV_UNIFIED] = "FST_UNIFIED",
 	/* pinned staging: "huge" (registered huge pages, the default) or

@@ -34,8 +34,16 @@
 #include <unistd.h>
 
 /* Broadcast bytes per pipeline step: reads of the next step overlap the
- * collectives of this one. */
+ * collectives of this one (FST_DIST_GROUP_BYTES sets another size; the
+ * tests make steps small to cross many). */
 #define GROUP_BYTES (256ull << 20)
+
+static uint64_t group_bytes(void)
+{
+	const char *e = fsti_env(FSTI_ENV_DIST_GROUP_BYTES);
+	unsigned long long v = e ? strtoull(e, NULL, 10) : 0;
+	return v ? (uint64_t)v : GROUP_BYTES;
+}
 
 struct fst_comm {
 	const struct fsti_nccl *nc;
@@ -46,6 +54,76 @@ struct fst_comm {
 	int timeout_ms;
 	bool broken; /* aborted after a failure: every later call fails */
 };
+
+static void comm_abort(fst_comm *c)
+{
+	c->broken = true;
+	if (c->comm)
+		c->nc->ncclCommAbort(c->comm);
+	c->comm = NULL;
+}
+
+/* A failed or timed-out collective: this rank leaves the collectives that
+ * the others still expect, on both communicators (node may be NULL), so
+ * neither can be used again; aborting both also ends what NCCL still has
+ * queued on them. */
+static int pair_fail(fst_comm *c, fst_comm *node, int code, fst_error *err, const char *what,
+		     int r)
+{
+	comm_abort(c);
+	if (node)
+		comm_abort(node);
+	return fsti_err_backend(err, code, r, "rank %d of %d: %s", c->rank, c->world, what);
+}
+
+/* NCCL's asynchronous error of c: 0 while none (or still in progress). */
+static int async_error(const fst_comm *c)
+{
+	int async = 0;
+	c->nc->ncclCommGetAsyncError(c->comm, &async);
+	return async == FSTI_NCCL_IN_PROGRESS ? 0 : async;
+}
+
+/* Wait for the stream of on (c, or the node's communicator node, which may
+ * be NULL), or for ev recorded there, watching NCCL's errors on both
+ * communicators and on's deadline: a peer that failed on either is reason
+ * to stop. */
+static int wait_pair(fst_comm *c, fst_comm *node, fst_comm *on, CUevent ev, const char *what,
+		     fst_error *err)
+{
+	double deadline = fsti_now() + on->timeout_ms / 1000.0;
+	for (;;) {
+		CUresult q = ev ? on->cu->cuEventQuery(ev) : on->cu->cuStreamQuery(on->stream);
+		if (q == FSTI_CUDA_SUCCESS)
+			return 0;
+		if (q != FSTI_CUDA_ERROR_NOT_READY) {
+			char m[300], e2[200];
+			snprintf(m, sizeof m, "%s failed: %s", what,
+				 fsti_cuda_error(on->cu, q, e2, sizeof e2));
+			return pair_fail(c, node, FST_EDEVICE, err, m, q);
+		}
+		int async = async_error(c);
+		const char *which = "";
+		if (!async && node && (async = async_error(node)))
+			which = " on the node's communicator";
+		if (async) {
+			char m[300];
+			snprintf(m, sizeof m, "%s failed%s: %s (another rank failed?)", what, which,
+				 on->nc->ncclGetErrorString(async));
+			return pair_fail(c, node, FST_EDEVICE, err, m, async);
+		}
+		if (fsti_now() > deadline) {
+			char m[300];
+			snprintf(m, sizeof m,
+				 "%s did not finish within %d ms (FST_DIST_TIMEOUT_MS): another rank "
+				 "failed or is not taking part",
+				 what, on->timeout_ms);
+			return pair_fail(c, node, FST_EDEVICE, err, m, 0);
+		}
+		struct timespec ts = {0, 200000};
+		nanosleep(&ts, NULL);
+	}
+}
 
 int fst_comm_rank(const fst_comm *c) { return c->rank; }
 int fst_comm_world(const fst_comm *c) { return c->world; }
@@ -107,20 +185,39 @@ int fst_comm_init(int world, int rank, const unsigned char id[FST_COMM_ID_BYTES]
 					      "rank %d of %d: ncclCommInitRank failed: %s", rank,
 					      world, nc->ncclGetErrorString(r));
 	}
-	/* One collective now: NCCL connects peers lazily, inside the first
-	 * collective call, where a vanished peer blocks the call itself beyond
-	 * any deadline of ours. Connected here, later waits are ours to bound. */
+	/* Two collectives now, an all-reduce and a broadcast: NCCL connects a
+	 * collective's peers lazily, inside its first call (NCCL_RUNTIME_CONNECT,
+	 * on by default since 2.22), for its algorithm; a broadcast runs on
+	 * rings, which a small all-reduce may not have used. A peer gone by
+	 * then holds that call itself, beyond any deadline of ours (on the
+	 * H200, over NCCL's socket transport, 60 s of connection retries).
+	 * Connected here, while every rank is joining, every later wait is ours
+	 * to bound; so is this one. */
 	CUdeviceptr probe = 0;
-	if (!rc && cu->cuMemAlloc_v2(&probe, 256) == 0) {
-		int r = nc->ncclAllReduce((void *)(uintptr_t)probe, (void *)(uintptr_t)probe, 1,
-					  FSTI_NCCL_INT32, FSTI_NCCL_MAX, c->comm, c->stream);
-		CUresult sr = r ? 0 : cu->cuStreamSynchronize(c->stream);
-		if (r || sr)
-			rc = fsti_err_backend(err, FST_EDEVICE, r ? r : sr,
-					      "rank %d of %d: the first collective failed: %s", rank,
-					      world, r ? nc->ncclGetErrorString(r) : "stream error");
-		cu->cuMemFree_v2(probe);
+	if (!rc) {
+		CUresult ar = cu->cuMemAlloc_v2(&probe, 256);
+		if (ar)
+			rc = fsti_cuda_fail(cu, ar, err,
+					    "rank %d of %d: cannot allocate 256 bytes on cuda:%d for "
+					    "the first collectives",
+					    rank, world, device);
 	}
+	if (!rc) {
+		void *p = (void *)(uintptr_t)probe;
+		int r = nc->ncclAllReduce(p, p, 1, FSTI_NCCL_INT32, FSTI_NCCL_MAX, c->comm,
+					  c->stream);
+		if (!r)
+			r = nc->ncclBroadcast(p, p, 1, FSTI_NCCL_INT32, 0, c->comm, c->stream);
+		if (r)
+			rc = fsti_err_backend(err, FST_EDEVICE, r,
+					      "rank %d of %d: the first collectives failed: %s", rank,
+					      world, nc->ncclGetErrorString(r));
+		else
+			rc = wait_pair(c, NULL, c, NULL, "the first collectives", err);
+	}
+	/* after a failed wait the stream may still use the probe: left then */
+	if (probe && (!rc || cu->cuStreamQuery(c->stream) == FSTI_CUDA_SUCCESS))
+		cu->cuMemFree_v2(probe);
 	fsti_cuda_restore(saved);
 	if (rc) {
 		if (c && c->comm)
@@ -191,76 +288,21 @@ struct sharded {
 	struct fst_buffer *b;
 	struct fsti_plan_tensor *pieces; /* one group's reads */
 	CUdeviceptr scratch, temp, flag;
+	CUevent queued[2]; /* the end of the last two groups' collectives */
 	/* this rank's first read failure: it goes on with the collectives, and
 	 * the ranks agree on it at the end */
 	int read_rc;
 	fst_error rerr;
 };
 
-static void comm_abort(fst_comm *c)
-{
-	c->broken = true;
-	if (c->comm)
-		c->nc->ncclCommAbort(c->comm);
-	c->comm = NULL;
-}
-
-/* A failed or timed-out collective: this rank leaves the collectives that
- * the others still expect, on both communicators, so neither can be used
- * again; aborting both also ends what NCCL still has queued on them. */
 static int comm_fail(struct sharded *s, int code, fst_error *err, const char *what, int r)
 {
-	comm_abort(s->c);
-	if (s->node)
-		comm_abort(s->node);
-	return fsti_err_backend(err, code, r, "rank %d of %d: %s", s->c->rank, s->c->world, what);
+	return pair_fail(s->c, s->node, code, err, what, r);
 }
 
-/* NCCL's asynchronous error of c: 0 while none (or still in progress). */
-static int async_error(const fst_comm *c)
-{
-	int async = 0;
-	c->nc->ncclCommGetAsyncError(c->comm, &async);
-	return async == FSTI_NCCL_IN_PROGRESS ? 0 : async;
-}
-
-/* Wait for the stream of on (the group's or the node's communicator),
- * watching NCCL's errors on both communicators and on's deadline: a peer
- * that failed on either is reason to stop. */
 static int wait_stream(struct sharded *s, fst_comm *on, const char *what, fst_error *err)
 {
-	double deadline = fsti_now() + on->timeout_ms / 1000.0;
-	for (;;) {
-		CUresult q = on->cu->cuStreamQuery(on->stream);
-		if (q == FSTI_CUDA_SUCCESS)
-			return 0;
-		if (q != FSTI_CUDA_ERROR_NOT_READY) {
-			char m[300], e2[200];
-			snprintf(m, sizeof m, "%s failed: %s", what,
-				 fsti_cuda_error(on->cu, q, e2, sizeof e2));
-			return comm_fail(s, FST_EDEVICE, err, m, q);
-		}
-		int async = async_error(s->c);
-		const char *which = "";
-		if (!async && s->node && (async = async_error(s->node)))
-			which = " on the node's communicator";
-		if (async) {
-			char m[300];
-			snprintf(m, sizeof m, "%s failed%s: %s (another rank failed?)", what, which,
-				 on->nc->ncclGetErrorString(async));
-			return comm_fail(s, FST_EDEVICE, err, m, async);
-		}
-		if (fsti_now() > deadline) {
-			char m[300];
-			snprintf(m, sizeof m,
-				 "%s did not finish within %d ms (FST_DIST_TIMEOUT_MS): another rank "
-				 "failed or is not taking part",
-				 what, on->timeout_ms);
-			return comm_fail(s, FST_EDEVICE, err, m, 0);
-		}
-		struct timespec ts = {0, 200000};
-		nanosleep(&ts, NULL);
-	}
+	return wait_pair(s->c, s->node, on, NULL, what, err);
 }
 
 static int check_nccl(struct sharded *s, int r, const char *what, fst_error *err)
@@ -418,16 +460,20 @@ static int sharded_memory(struct sharded *s, fst_error *err)
 	cr = cu->cuMemAlloc_v2(&s->flag, 256);
 	if (cr)
 		return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate a flag", s->c->device);
+	for (int k = 0; k < 2; k++)
+		if ((cr = cu->cuEventCreate(&s->queued[k], FSTI_CU_EVENT_DISABLE_TIMING)))
+			return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot create an event",
+					      s->c->device);
 	return 0;
 }
 
-/* The end of the group of tensors starting at i0: GROUP_BYTES of broadcast,
+/* The end of the group of tensors starting at i0: limit bytes of broadcast,
  * at least one tensor. */
-static size_t group_end(const struct fsti_dist *d, size_t i0)
+static size_t group_end(const struct fsti_dist *d, size_t i0, uint64_t limit)
 {
 	size_t i1 = i0;
 	uint64_t group = 0;
-	while (i1 < d->n && (i1 == i0 || group < GROUP_BYTES)) {
+	while (i1 < d->n && (i1 == i0 || group < limit)) {
 		group += d->t[i1].contiguous ? 0 : d->t[i1].full_bytes;
 		i1++;
 	}
@@ -516,23 +562,36 @@ static int sharded_agree(struct sharded *s, fst_error *err)
 }
 
 /*
- * Pipelined, group by group (GROUP_BYTES of broadcast each): while the
- * collectives of one group run on the broadcasts' stream, this thread reads
- * the next group. A rank whose reads fail goes on issuing the same
- * collectives (sending what it has), so no rank waits for it; the agreement
- * at the end, over the whole group once every broadcast is done, makes
- * every rank fail together. The two communicators never have collectives
- * in flight at once, so neither can hold up the other.
+ * Pipelined, group by group (GROUP_BYTES of broadcast each, or
+ * FST_DIST_GROUP_BYTES): while the collectives of one group run on the
+ * broadcasts' stream, this thread reads the next group. At most two
+ * groups' collectives are queued: before a
+ * group's are, the end of the one two before it is waited for, with the
+ * deadline, so a stalled peer is noticed within a group, the queues behind
+ * NCCL's calls never fill (where a call could block beyond any deadline),
+ * and no rank reads far ahead of the others. A rank whose reads fail goes
+ * on issuing the same collectives (sending what it has), so no rank waits
+ * for it; the agreement at the end, over the whole group once every
+ * broadcast is done, makes every rank fail together. The two communicators
+ * never have collectives in flight at once, so neither can hold up the
+ * other.
  */
 static int sharded_transfer(struct sharded *s, fst_error *err)
 {
 	fsti_err_clear(&s->rerr);
 	int rc = sharded_memory(s, err);
-	for (size_t i0 = 0; i0 < s->d.n && !rc;) {
-		size_t i1 = group_end(&s->d, i0);
+	const uint64_t limit = group_bytes();
+	for (size_t i0 = 0, k = 0; i0 < s->d.n && !rc; k++) {
+		size_t i1 = group_end(&s->d, i0, limit);
 		read_group(s, i0, i1);
+		CUevent ev = s->queued[k % 2];
+		if (k >= 2)
+			rc = wait_pair(s->c, s->node, s->bc, ev, "broadcasting the checkpoint", err);
 		for (size_t i = i0; i < i1 && !rc; i++)
 			rc = broadcast_tensor(s, &s->d.t[i], err);
+		CUresult cr = rc ? 0 : s->bc->cu->cuEventRecord(ev, s->bc->stream);
+		if (cr)
+			rc = comm_fail(s, FST_EDEVICE, err, "cannot record an event", cr);
 		i0 = i1;
 	}
 	if (!rc)
@@ -582,6 +641,9 @@ static void sharded_free(struct sharded *s, bool idle)
 		cu->cuMemFree_v2(s->scratch);
 	if (s->flag && idle)
 		cu->cuMemFree_v2(s->flag);
+	for (int k = 0; k < 2; k++)
+		if (s->queued[k])
+			cu->cuEventDestroy_v2(s->queued[k]); /* the driver waits for its work */
 	if (s->b && !idle)
 		s->b->release_memory = NULL;
 	fsti_free(s->pieces);

@@ -19,6 +19,16 @@
  * ncclCommGetAsyncError of a dead communicator's ranks says
  * ncclRemoteError instead, as NCCL's socket transport may. A rank that
  * destroys its communicator also leaves it dead for the others.
+ *
+ * With FST_NCCL_DOUBLE_LAZY=1, each rank's first ncclBroadcast on a
+ * communicator connects its peers inside the call, as NCCL's runtime
+ * connection does (NCCL_RUNTIME_CONNECT, on by default since 2.22; a
+ * broadcast runs on rings, which a small all-reduce may not have
+ * connected): the call blocks until every rank has made its first
+ * broadcast, and fails with ncclRemoteError after
+ * FST_NCCL_DOUBLE_CONNECT_MS (default 2000) when one never comes, or at
+ * once when the communicator is dead. (NCCL's socket transport retries
+ * about a minute there.)
  */
 
 #ifndef _GNU_SOURCE
@@ -60,6 +70,7 @@ struct world {
 	int dead; /* a rank aborted or left */
 	uint64_t done; /* collectives finished */
 	int arrived;
+	int connected; /* ranks past their first broadcast (FST_NCCL_DOUBLE_LAZY) */
 	struct part parts[MAX_RANKS];
 	pthread_cond_t cv;
 	struct world *next;
@@ -70,6 +81,7 @@ struct comm {
 	int rank;
 	int gone; /* aborted or destroyed by its rank */
 	int refs; /* its rank, and each queued collective; under lock */
+	int connected; /* its first broadcast connected (FST_NCCL_DOUBLE_LAZY) */
 };
 
 /* One lock for everything: collectives here move little data. */
@@ -92,6 +104,12 @@ static void find_stream_call(void)
 }
 
 /* Under lock. */
+static int env_on(const char *name)
+{
+	const char *e = getenv(name);
+	return e && !strcmp(e, "1");
+}
+
 static void comm_unref(struct comm *c)
 {
 	if (--c->refs)
@@ -211,9 +229,9 @@ API int ncclCommDestroy(struct comm *c)
 
 API int ncclCommGetAsyncError(struct comm *c, int *r)
 {
-	const char *e = getenv("FST_NCCL_DOUBLE_ASYNC");
+	int async = env_on("FST_NCCL_DOUBLE_ASYNC");
 	pthread_mutex_lock(&lock);
-	*r = e && !strcmp(e, "1") && c->w->dead ? REMOTE_ERROR : SUCCESS;
+	*r = async && c->w->dead ? REMOTE_ERROR : SUCCESS;
 	pthread_mutex_unlock(&lock);
 	return SUCCESS;
 }
@@ -313,11 +331,45 @@ static int queue(struct comm *c, const struct part *p, void *stream)
 	return SUCCESS;
 }
 
+/* FST_NCCL_DOUBLE_LAZY: the first broadcast of c's rank waits, in the
+ * call, for the first broadcast of every rank. */
+static int lazy_connect(struct comm *c)
+{
+	if (!env_on("FST_NCCL_DOUBLE_LAZY") || c->connected)
+		return SUCCESS;
+	const char *ms = getenv("FST_NCCL_DOUBLE_CONNECT_MS");
+	long wait = ms && atol(ms) > 0 ? atol(ms) : 2000;
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += wait / 1000;
+	until.tv_nsec += (wait % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&lock);
+	struct world *w = c->w;
+	if (++w->connected == w->nranks)
+		pthread_cond_broadcast(&w->cv);
+	int rc = SUCCESS;
+	while (w->connected < w->nranks && !w->dead && rc == SUCCESS)
+		if (pthread_cond_timedwait(&w->cv, &lock, &until))
+			rc = REMOTE_ERROR;
+	if (w->connected < w->nranks)
+		rc = REMOTE_ERROR;
+	c->connected = rc == SUCCESS;
+	pthread_mutex_unlock(&lock);
+	return rc;
+}
+
 API int ncclBroadcast(const void *send, void *recv, size_t count, int type, int root,
 		      struct comm *c, void *stream)
 {
 	if (root < 0 || root >= c->w->nranks || (type != UINT8 && type != INT32))
 		return INVALID_ARGUMENT;
+	int rc = lazy_connect(c);
+	if (rc)
+		return rc;
 	struct part p = {BROADCAST, send, recv, count, type, root, 0};
 	return queue(c, &p, stream);
 }
