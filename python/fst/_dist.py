@@ -148,6 +148,11 @@ def load_sharded(path, comm: Comm, dims: Optional[Dict[str, Optional[int]]] = No
     for k, v in dims.items():
         if v is not None and not _is_int(v):
             raise ArgumentTypeError(f"dims[{k!r}]={v!r}: expected a dimension (int) or None", -1)
+        if v is not None and not 0 <= operator.index(v) < 2**31:
+            # -1 would read as "the last dimension" to a torch user; here
+            # dimensions count from the first, and None replicates
+            raise UsageError(f"dims[{k!r}]={v!r}: expected a dimension >= 0 (counted from the "
+                             "first), or None to replicate", -1)
     _need_torch()  # before the file, as load does
     ck = _open(path)
     _check_dtypes(fw, [ck], None)

@@ -5,6 +5,7 @@
  */
 #include "_fst.h"
 
+#include <limits.h>
 #include <stdlib.h>
 
 /* ---- Comm: an NCCL communicator for tensor-parallel loads */
@@ -95,6 +96,12 @@ PyObject *fstpy_load_sharded(PyObject *mod, PyObject *args, PyObject *kw)
 		return PyErr_Format(PyExc_TypeError, "node must be a Comm or None, not %s",
 				    Py_TYPE(node_obj)->tp_name);
 	fst_comm *node = node_obj == Py_None ? NULL : ((CommObject *)node_obj)->comm;
+	/* a Comm whose __init__ never ran, or failed, has no communicator: a
+	 * NULL node would load as one node while the other ranks do not */
+	if (!comm->comm || (node_obj != Py_None && !node))
+		return PyErr_Format(PyExc_ValueError, "%s is a Comm without a communicator "
+				    "(not initialized, or its initialization failed)",
+				    comm->comm ? "node" : "comm");
 	size_t n = fst_checkpoint_tensor_count(ck->ck);
 	PyObject *seq = PySequence_Fast(dims_obj, "dims must be a sequence of ints");
 	if (!seq)
@@ -110,12 +117,16 @@ PyObject *fstpy_load_sharded(PyObject *mod, PyObject *args, PyObject *kw)
 		return PyErr_NoMemory();
 	}
 	for (size_t i = 0; i < n; i++) {
-		dims[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+		long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+		if (!PyErr_Occurred() && (v < FST_REPLICATE || v > INT_MAX))
+			PyErr_Format(PyExc_ValueError, "dims[%zu]=%ld: expected %d (replicate) or a "
+				     "dimension >= 0", i, v, FST_REPLICATE);
 		if (PyErr_Occurred()) {
 			free(dims);
 			Py_DECREF(seq);
 			return NULL;
 		}
+		dims[i] = (int)v;
 	}
 	Py_DECREF(seq);
 	fst_load_opts o;

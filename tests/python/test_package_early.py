@@ -507,6 +507,21 @@ def test_load_sharded_arguments(fst_pkg, files):
         fst_pkg.load_sharded(files["plain"], comm, {"a": "0"})
     with pytest.raises(TypeError, match=r"^dims=\[0\]: expected a dict"):
         fst_pkg.load_sharded(files["plain"], comm, [0])
+    # -1 is not "the last dimension" here, and no dimension passes as another
+    for bad in (-1, -2, 2**31, 2**40):
+        with pytest.raises(fst_pkg.UsageError,
+                           match=rf"^dims\['a'\]={bad}: expected a dimension >= 0"):
+            fst_pkg.load_sharded(files["plain"], comm, {"a": bad})
+
+
+def test_load_sharded_refuses_a_comm_never_made(fst_pkg, files):
+    """A Comm object whose communicator was never made (its __init__ did not
+    run) is refused before any NCCL call, not taken for "no communicator"."""
+    bare = fst_pkg._fst.Comm.__new__(fst_pkg._fst.Comm)
+    ck = fst_pkg._fst.Checkpoint(files["plain"])
+    table = [-1] * len(ck.keys())
+    with pytest.raises(ValueError, match=r"^comm is a Comm without a communicator"):
+        fst_pkg._fst.load_sharded(ck, bare, table)
 
 
 def test_load_sharded_node_arguments(fst_pkg, tmp_path):
