@@ -135,13 +135,17 @@ def main():
     dims = shard_dims(ck)
     say = lambda *a: print(f"[rank {rank}]", *a, flush=True)
 
-    def expect_failure(note=""):
-        """The sharded load must fail: say how fast and why; returns seconds."""
+    def expect_failure(note="", want=None):
+        """The sharded load must fail (with want in its message, when given):
+        say how fast and why; returns seconds."""
         t0 = time.perf_counter()
         try:
             fst.load_sharded(ck, comm, dims, node=node)
         except fst.SafetensorError as e:
             dt = time.perf_counter() - t0
+            if want and want not in str(e):
+                say(f"FAIL: failed in {dt:.2f} s, but not with {want!r}: {e}")
+                sys.exit(1)
             say(f"OK: failed in {dt:.2f} s{note}: {e}")
             return dt
         say("FAIL: the load succeeded")
@@ -200,7 +204,9 @@ def main():
     elif mode == "fail" or mode == "nodes-fail":
         if rank == 1:
             fst._fst.fault_set("read:1")  # this rank's first tensor read fails
-        expect_failure()
+        # the ranks agree on the failure: all of them at once, not by timing out
+        dt = expect_failure(want="read of" if rank == 1 else "could not read its share")
+        assert dt < timeout_ms / 1000 / 2, f"{dt:.2f} s: the ranks timed out instead of agreeing"
     elif mode == "nodes-vanish":
         if rank == 1:
             say("leaving without loading")
