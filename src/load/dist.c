@@ -53,6 +53,9 @@ struct fst_comm {
 	CUstream stream;
 	int timeout_ms;
 	bool broken; /* aborted after a failure: every later call fails */
+	/* 256 bytes on the device: the warm-up's, then each load's agreement
+	 * flag, so that agreeing needs no allocation that could fail */
+	CUdeviceptr probe;
 };
 
 static void comm_abort(fst_comm *c)
@@ -215,8 +218,10 @@ int fst_comm_init(int world, int rank, const unsigned char id[FST_COMM_ID_BYTES]
 		else
 			rc = wait_pair(c, NULL, c, NULL, "the first collectives", err);
 	}
+	if (!rc)
+		c->probe = probe;
 	/* after a failed wait the stream may still use the probe: left then */
-	if (probe && (!rc || cu->cuStreamQuery(c->stream) == FSTI_CUDA_SUCCESS))
+	else if (probe && cu->cuStreamQuery(c->stream) == FSTI_CUDA_SUCCESS)
 		cu->cuMemFree_v2(probe);
 	fsti_cuda_restore(saved);
 	if (rc) {
@@ -243,6 +248,9 @@ void fst_comm_destroy(fst_comm *c)
 		else
 			c->nc->ncclCommDestroy(c->comm);
 	}
+	/* an aborted collective may still hold the probe: left then */
+	if (c->probe && c->stream && c->cu->cuStreamQuery(c->stream) == FSTI_CUDA_SUCCESS)
+		c->cu->cuMemFree_v2(c->probe);
 	if (c->stream)
 		c->cu->cuStreamDestroy_v2(c->stream);
 	fsti_cuda_restore(saved);
@@ -287,7 +295,7 @@ struct sharded {
 	struct fsti_dist d;
 	struct fst_buffer *b;
 	struct fsti_plan_tensor *pieces; /* one group's reads */
-	CUdeviceptr scratch, temp, flag;
+	CUdeviceptr scratch, temp;
 	CUevent queued[2]; /* the end of the last two groups' collectives */
 	/* this rank's first read failure: it goes on with the collectives, and
 	 * the ranks agree on it at the end */
@@ -314,26 +322,33 @@ static int check_nccl(struct sharded *s, int r, const char *what, fst_error *err
 	return comm_fail(s, FST_EDEVICE, err, m, r);
 }
 
-/* Did every rank of the group succeed? An all-reduce of a flag over the
- * whole group, bounded in time: *any is whether some rank failed. */
-static int agree(struct sharded *s, bool failed, bool *any, fst_error *err)
+/* Did every rank of the group succeed? An all-reduce of a flag (the
+ * comm's probe) over the whole group, bounded in time: *any is whether
+ * some rank failed. what names it in messages; only the agreement on the
+ * reads has the "nccl" fault site. */
+static int agree(struct sharded *s, bool failed, bool *any, const char *what, bool fault,
+		 fst_error *err)
 {
 	fst_comm *c = s->c;
 	int32_t v = failed ? 1 : 0;
-	CUresult cr = c->cu->cuMemcpyHtoDAsync_v2(s->flag, &v, sizeof v, c->stream);
+	CUresult cr = c->cu->cuMemcpyHtoDAsync_v2(c->probe, &v, sizeof v, c->stream);
 	if (cr)
 		return comm_fail(s, FST_EDEVICE, err, "cannot stage the status flag", cr);
-	int r = fsti_fault("nccl") ? 3 : c->nc->ncclAllReduce((void *)(uintptr_t)s->flag,
-							      (void *)(uintptr_t)s->flag, 1,
-							      FSTI_NCCL_INT32, FSTI_NCCL_MAX,
-							      c->comm, c->stream);
-	int rc = check_nccl(s, r, "ncclAllReduce of the read status", err);
+	void *flag = (void *)(uintptr_t)c->probe;
+	int r = fault && fsti_fault("nccl")
+			? 3
+			: c->nc->ncclAllReduce(flag, flag, 1, FSTI_NCCL_INT32, FSTI_NCCL_MAX,
+					       c->comm, c->stream);
+	char m[200];
+	snprintf(m, sizeof m, "ncclAllReduce %s", what);
+	int rc = check_nccl(s, r, m, err);
+	snprintf(m, sizeof m, "agreeing %s", what);
 	if (!rc)
-		rc = wait_stream(s, c, "agreeing on the read status", err);
+		rc = wait_stream(s, c, m, err);
 	if (rc)
 		return rc;
 	int32_t max = 0;
-	cr = c->cu->cuMemcpyDtoH_v2(&max, s->flag, sizeof max);
+	cr = c->cu->cuMemcpyDtoH_v2(&max, c->probe, sizeof max);
 	if (cr)
 		return comm_fail(s, FST_EDEVICE, err, "cannot read the status flag", cr);
 	*any = max != 0;
@@ -444,8 +459,8 @@ static int sharded_buffer(struct sharded *s, fst_error *err)
 
 /* Device memory for the transfer: the owned inner-dim shards' scratch (a
  * failure there is a read failure, agreed on at the end), the broadcast
- * copy and the status flag (a failure there leaves the others to time
- * out). */
+ * copy and the events (a failure there is agreed on before any broadcast,
+ * in load_sharded). */
 static int sharded_memory(struct sharded *s, fst_error *err)
 {
 	const struct fsti_cuda *cu = s->c->cu;
@@ -457,9 +472,6 @@ static int sharded_memory(struct sharded *s, fst_error *err)
 	if (s->d.temp_bytes && (cr = cu->cuMemAlloc_v2(&s->temp, s->d.temp_bytes)))
 		return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate %" PRIu64 " bytes",
 				      s->c->device, s->d.temp_bytes);
-	cr = cu->cuMemAlloc_v2(&s->flag, 256);
-	if (cr)
-		return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate a flag", s->c->device);
 	for (int k = 0; k < 2; k++)
 		if ((cr = cu->cuEventCreate(&s->queued[k], FSTI_CU_EVENT_DISABLE_TIMING)))
 			return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot create an event",
@@ -545,7 +557,7 @@ static int broadcast_tensor(struct sharded *s, const struct fsti_dist_tensor *t,
 static int sharded_agree(struct sharded *s, fst_error *err)
 {
 	bool any = false;
-	int rc = agree(s, s->read_rc != 0, &any, err);
+	int rc = agree(s, s->read_rc != 0, &any, "on the read status", true, err);
 	if (rc)
 		return rc;
 	if (s->read_rc) {
@@ -578,8 +590,7 @@ static int sharded_agree(struct sharded *s, fst_error *err)
  */
 static int sharded_transfer(struct sharded *s, fst_error *err)
 {
-	fsti_err_clear(&s->rerr);
-	int rc = sharded_memory(s, err);
+	int rc = 0;
 	const uint64_t limit = group_bytes();
 	for (size_t i0 = 0, k = 0; i0 < s->d.n && !rc; k++) {
 		size_t i1 = group_end(&s->d, i0, limit);
@@ -639,8 +650,6 @@ static void sharded_free(struct sharded *s, bool idle)
 		cu->cuMemFree_v2(s->temp);
 	if (s->scratch && idle)
 		cu->cuMemFree_v2(s->scratch);
-	if (s->flag && idle)
-		cu->cuMemFree_v2(s->flag);
 	for (int k = 0; k < 2; k++)
 		if (s->queued[k])
 			cu->cuEventDestroy_v2(s->queued[k]); /* the driver waits for its work */
@@ -666,9 +675,26 @@ static int load_sharded(const char *fn, const fst_checkpoint *ck, const fst_load
 	if (rc)
 		return rc;
 	void *saved = fsti_cuda_save();
-	rc = fsti_cuda_use_device(c->cu, c->device, err);
-	if (!rc)
-		rc = sharded_buffer(&s, err);
+	fsti_err_clear(&s.rerr);
+	fst_error merr;
+	int mrc = fsti_cuda_use_device(c->cu, c->device, &merr);
+	if (!mrc)
+		mrc = sharded_buffer(&s, &merr);
+	if (!mrc)
+		mrc = sharded_memory(&s, &merr);
+	/* A rank without its memory would leave the others waiting for its
+	 * collectives until the deadline: the group agrees on it first. */
+	bool any = false;
+	rc = agree(&s, mrc != 0, &any, "that every rank has its memory", false, err);
+	if (!rc && mrc) {
+		if (err)
+			*err = merr;
+		rc = mrc;
+	} else if (!rc && any) {
+		rc = fsti_err(err, FST_EDEVICE,
+			      "rank %d of %d: another rank could not allocate its memory for the load",
+			      c->rank, c->world);
+	}
 	if (!rc)
 		rc = sharded_transfer(&s, err);
 	sharded_free(&s, !rc || streams_idle(&s)); /* a success waited for both */

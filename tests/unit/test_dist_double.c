@@ -10,8 +10,9 @@
  * communicator whose ranks are out of order or on another device, before
  * any collective; with a node size that does not divide the group, the
  * ranks that can tell refuse it and the one that cannot times out. A rank
- * whose read fails makes every rank fail, and the communicators stay
- * usable: the next load is whole. A rank that takes no part makes every
+ * whose read fails, or whose device memory cannot be allocated, makes every
+ * rank fail at once, and the communicators stay usable: the next load is
+ * whole. A rank that takes no part makes every
  * other rank fail within the timeout, and both of their communicators are
  * aborted; where NCCL reports the peer's departure (the double's
  * FST_NCCL_DOUBLE_ASYNC=1), they fail at once, the node's failure
@@ -379,7 +380,8 @@ static void refusal(size_t k, int r, char *want, size_t size)
 				     "4 ranks",
 			 fn);
 	else
-		snprintf(want, size, "agreeing on the read status did not finish within 300 ms");
+		snprintf(want, size, "agreeing that every rank has its memory did not finish "
+				     "within 300 ms");
 }
 
 static void test_bad_node_communicators(void **state)
@@ -458,6 +460,48 @@ static void test_read_failure(void **state)
 	ch_close(&c);
 }
 
+static void test_allocation_failure(void **state)
+{
+	(void)state;
+	ch_ckpt c;
+	ch_write_random("dist-alloc", 26, &ch_small_gen, &c);
+	ch_open(&c, c.dir);
+	int *dims = random_dims(&c, 10);
+	/* one rank cannot allocate its buffer: every rank knows it from the
+	 * first agreement, at once, long before the 20 s timeout */
+	static const struct scenario sc = {"an allocation fails", 2, false, NULL, -1, false, 20000,
+					   true};
+	assert_int_equal(fst_fault_set("device_alloc:1", NULL), 0); /* the first of any rank */
+	struct run run;
+	run_ranks(&run, &sc, &c, dims);
+	fst_fault_set(NULL, NULL);
+	int own = 0;
+	for (int r = 0; r < WORLD; r++) {
+		const struct rank_out *o = &run.out[r];
+		assert_int_not_equal(o->rc, 0);
+		assert_null(o->buf);
+		assert_true(o->secs < 5);
+		if (strstr(o->err.message, "another rank could not allocate its memory for the load")) {
+			assert_int_equal(o->rc, FST_EDEVICE);
+			continue;
+		}
+		own++;
+		assert_has(o->err.message, "cannot allocate");
+		print_message("rank %d could not allocate (%.3f s): %s\n", r, o->secs, o->err.message);
+	}
+	assert_int_equal(own, 1);
+	/* nothing was aborted: the next load over the same communicators is whole */
+	for (int r = 0; r < WORLD; r++) {
+		if (run.out[r].rc2)
+			fail_msg("rank %d, again: %s", r, run.out[r].err2.message);
+		assert_shards(&c, dims, run.out[r].buf2, r, "again");
+	}
+	release_all(&run);
+	ch_assert_clean(sc.name, c.host_base);
+	free(dims);
+	ch_close(&c);
+}
+
 static void test_vanished_rank(void **state)
 {
 	(void)state;
@@ -465,8 +509,8 @@ static void test_vanished_rank(void **state)
 	ch_write_random("dist-vanish", 24, &ch_small_gen, &c);
 	ch_open(&c, c.dir);
 	int *dims = random_dims(&c, 8);
-	/* rank 1 takes no part: rank 0, of its node, waits for it in the node's
-	 * broadcasts, ranks 2 and 3 in the group's agreement */
+	/* rank 1 takes no part: the others wait for it in the group's first
+	 * agreement, that every rank has its memory, before any broadcast */
 	static const struct scenario sc = {"rank 1 vanishes", 2, false, NULL, 1, false, 300, true};
 	struct run run;
 	run_ranks(&run, &sc, &c, dims);
@@ -475,10 +519,8 @@ static void test_vanished_rank(void **state)
 			continue;
 		const struct rank_out *o = &run.out[r];
 		assert_int_equal(o->rc, FST_EDEVICE);
-		assert_has(o->err.message, r == 0 ? "broadcasting the checkpoint did not finish "
-						    "within 300 ms"
-						  : "agreeing on the read status did not finish within "
-						    "300 ms");
+		assert_has(o->err.message, "agreeing that every rank has its memory did not finish "
+					   "within 300 ms");
 		/* within the timeout and well before a lazy connection gives up */
 		assert_true(o->secs >= 0.3 && o->secs < 3);
 		print_message("rank %d failed in %.2f s: %s\n", r, o->secs, o->err.message);
@@ -501,8 +543,8 @@ static void test_departure_reported(void **state)
 	int *dims = random_dims(&c, 9);
 	/* rank 1 destroys its node communicator and NCCL says so: rank 0 fails
 	 * at once on the node's communicator, and its abort of the group's
-	 * makes ranks 2 and 3 fail at once too (in the group's agreement, or
-	 * still in their node's broadcasts), long before the timeout */
+	 * makes ranks 2 and 3 fail at once too (in the group's first
+	 * agreement), long before the timeout */
 	static const struct scenario sc = {"rank 1 leaves its node", 2, false, NULL, 1, true, 20000,
 					   false};
 	setenv("FST_NCCL_DOUBLE_ASYNC", "1", 1);
@@ -515,8 +557,7 @@ static void test_departure_reported(void **state)
 		const struct rank_out *o = &run.out[r];
 		assert_int_equal(o->rc, FST_EDEVICE);
 		if (r == 0)
-			assert_has(o->err.message, "broadcasting the checkpoint failed on the node's "
-						   "communicator: ");
+			assert_has(o->err.message, "failed on the node's communicator: ");
 		else
 			assert_true(!strstr(o->err.message, "on the node's communicator"));
 		assert_has(o->err.message, "(another rank failed?)");
@@ -547,6 +588,7 @@ int main(void)
 		cmocka_unit_test_setup(test_loads, ch_reset),
 		cmocka_unit_test_setup(test_bad_node_communicators, ch_reset),
 		cmocka_unit_test_setup(test_read_failure, ch_reset),
+		cmocka_unit_test_setup(test_allocation_failure, ch_reset),
 		cmocka_unit_test_setup(test_vanished_rank, ch_reset),
 		cmocka_unit_test_setup(test_departure_reported, ch_reset),
 	};
