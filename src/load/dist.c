@@ -56,6 +56,9 @@ struct fst_comm {
 	/* 256 bytes on the device: the warm-up's, then each load's agreement
 	 * flag, so that agreeing needs no allocation that could fail */
 	CUdeviceptr probe;
+	/* the flag's host side: the copy onto the device reads it from the
+	 * stream, perhaps after agree has returned, so it lives here */
+	int32_t flag;
 };
 
 static void comm_abort(fst_comm *c)
@@ -248,13 +251,17 @@ void fst_comm_destroy(fst_comm *c)
 		else
 			c->nc->ncclCommDestroy(c->comm);
 	}
-	/* an aborted collective may still hold the probe: left then */
-	if (c->probe && c->stream && c->cu->cuStreamQuery(c->stream) == FSTI_CUDA_SUCCESS)
+	/* Work queued behind an aborted collective may still read the probe
+	 * and c->flag: both are left then (a few hundred bytes), rather than
+	 * freed under it. */
+	bool idle = !c->stream || c->cu->cuStreamQuery(c->stream) == FSTI_CUDA_SUCCESS;
+	if (c->probe && idle)
 		c->cu->cuMemFree_v2(c->probe);
 	if (c->stream)
 		c->cu->cuStreamDestroy_v2(c->stream);
 	fsti_cuda_restore(saved);
-	fsti_free(c);
+	if (idle)
+		fsti_free(c);
 }
 
 /* The reads of this rank among tensors [i0, i1): into the final buffer,
@@ -330,8 +337,8 @@ static int agree(struct sharded *s, bool failed, bool *any, const char *what, bo
 		 fst_error *err)
 {
 	fst_comm *c = s->c;
-	int32_t v = failed ? 1 : 0;
-	CUresult cr = c->cu->cuMemcpyHtoDAsync_v2(c->probe, &v, sizeof v, c->stream);
+	c->flag = failed ? 1 : 0;
+	CUresult cr = c->cu->cuMemcpyHtoDAsync_v2(c->probe, &c->flag, sizeof c->flag, c->stream);
 	if (cr)
 		return comm_fail(s, FST_EDEVICE, err, "cannot stage the status flag", cr);
 	void *flag = (void *)(uintptr_t)c->probe;
