@@ -425,71 +425,39 @@ static void test_bad_node_communicators(void **state)
 	ch_close(&c);
 }
 
-static void test_read_failure(void **state)
+/* One rank fails (fault armed for the first hit of any rank): it returns
+ * its own error, holding own (and own_rc, unless 0); every other rank returns others_rc with
+ * others, well within the 20 s timeout; the next load over the same
+ * communicators is whole. */
+static void one_rank_fails(const struct scenario *sc, const char *dir, uint64_t seed,
+			   const char *fault, const char *own, int own_rc, int others_rc,
+			   const char *others)
 {
-	(void)state;
 	ch_ckpt c;
-	ch_write_random("dist-fail", 23, &ch_small_gen, &c);
+	ch_write_random(dir, seed, &ch_small_gen, &c);
 	ch_open(&c, c.dir);
-	int *dims = random_dims(&c, 7);
-	static const struct scenario sc = {"a read fails", 2, false, NULL, -1, false, 20000, true};
-	assert_int_equal(fst_fault_set("read:1", NULL), 0); /* the first read of any rank */
+	int *dims = random_dims(&c, seed);
+	assert_int_equal(fst_fault_set(fault, NULL), 0);
 	struct run run;
-	run_ranks(&run, &sc, &c, dims);
+	run_ranks(&run, sc, &c, dims);
 	fst_fault_set(NULL, NULL);
-	int own = 0;
-	for (int r = 0; r < WORLD; r++) {
-		const struct rank_out *o = &run.out[r];
-		assert_int_equal(o->rc, FST_EIO);
-		assert_null(o->buf);
-		if (strstr(o->err.message, "another rank could not read its share"))
-			continue;
-		own++;
-		print_message("rank %d failed to read: %s\n", r, o->err.message);
-	}
-	assert_int_equal(own, 1);
-	/* nothing was aborted: the next load over the same communicators is whole */
-	for (int r = 0; r < WORLD; r++) {
-		if (run.out[r].rc2)
-			fail_msg("rank %d, again: %s", r, run.out[r].err2.message);
-		assert_shards(&c, dims, run.out[r].buf2, r, "again");
-	}
-	release_all(&run);
-	ch_assert_clean(sc.name, c.host_base);
-	free(dims);
-	ch_close(&c);
-}
-
-static void test_allocation_failure(void **state)
-{
-	(void)state;
-	ch_ckpt c;
-	ch_write_random("dist-alloc", 26, &ch_small_gen, &c);
-	ch_open(&c, c.dir);
-	int *dims = random_dims(&c, 10);
-	/* one rank cannot allocate its buffer: every rank knows it from the
-	 * first agreement, at once, long before the 20 s timeout */
-	static const struct scenario sc = {"an allocation fails", 2, false, NULL, -1, false, 20000,
-					   true};
-	assert_int_equal(fst_fault_set("device_alloc:1", NULL), 0); /* the first of any rank */
-	struct run run;
-	run_ranks(&run, &sc, &c, dims);
-	fst_fault_set(NULL, NULL);
-	int own = 0;
+	int mine = 0;
 	for (int r = 0; r < WORLD; r++) {
 		const struct rank_out *o = &run.out[r];
 		assert_int_not_equal(o->rc, 0);
 		assert_null(o->buf);
 		assert_true(o->secs < 5);
-		if (strstr(o->err.message, "another rank could not allocate its memory for the load")) {
-			assert_int_equal(o->rc, FST_EDEVICE);
+		if (strstr(o->err.message, others)) {
+			assert_int_equal(o->rc, others_rc);
 			continue;
 		}
-		own++;
-		assert_has(o->err.message, "cannot allocate");
-		print_message("rank %d could not allocate (%.3f s): %s\n", r, o->secs, o->err.message);
+		mine++;
+		assert_has(o->err.message, own);
+		if (own_rc)
+			assert_int_equal(o->rc, own_rc);
+		print_message("rank %d failed (%.3f s): %s\n", r, o->secs, o->err.message);
 	}
-	assert_int_equal(own, 1);
+	assert_int_equal(mine, 1);
 	/* nothing was aborted: the next load over the same communicators is whole */
 	for (int r = 0; r < WORLD; r++) {
 		if (run.out[r].rc2)
@@ -497,9 +465,28 @@ static void test_allocation_failure(void **state)
 		assert_shards(&c, dims, run.out[r].buf2, r, "again");
 	}
 	release_all(&run);
-	ch_assert_clean(sc.name, c.host_base);
+	ch_assert_clean(sc->name, c.host_base);
 	free(dims);
 	ch_close(&c);
+}
+
+static void test_read_failure(void **state)
+{
+	(void)state;
+	static const struct scenario sc = {"a read fails", 2, false, NULL, -1, false, 20000, true};
+	one_rank_fails(&sc, "dist-fail", 23, "read:1", "read of", FST_EIO, FST_EIO,
+		       "another rank could not read its share");
+}
+
+static void test_allocation_failure(void **state)
+{
+	(void)state;
+	/* one rank cannot allocate its buffer: every rank knows it from the
+	 * first agreement, at once */
+	static const struct scenario sc = {"an allocation fails", 2, false, NULL, -1, false, 20000,
+					   true};
+	one_rank_fails(&sc, "dist-alloc", 26, "device_alloc:1", "cannot allocate", 0, FST_EDEVICE,
+		       "another rank could not allocate its memory for the load");
 }
 
 static void test_vanished_rank(void **state)
