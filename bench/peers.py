@@ -9,7 +9,7 @@ in the same round. A markdown table on stdout, JSON with --json.
   python3 bench/make_checkpoints.py /tmp/ck          # 16 GB dense, 13.8 GB MXFP4
   python3 bench/peers.py /tmp/ck/llama3-8b --device cuda:0 --rounds 2 \\
       [--peer-site DIR] [--only fst.load,fastsafetensors] [--no-cold | --no-warm]
-      [--scrub DIR] [--json out.json]
+      [--scrub DIR] [--check first|none|LOADER,...] [--json out.json]
 
 Loaders (a peer that does not import is reported and left out; LOADER+NAME=VALUE
 runs LOADER with one more environment variable, e.g. fst.load+FST_STAGING_PAGES=driver):
@@ -200,7 +200,7 @@ def child(a):
            "rss_before_bytes": rss0 * 1024}
     if cuda:
         out["device_bytes"] = free0 - torch.cuda.mem_get_info(torch.device(a.device))[0]
-    if a.check:
+    if a.check == "child":
         out["check"] = check(got, files)
     if keep is not None:
         keep[0].close()
@@ -243,7 +243,7 @@ def run_child(a, name, env, checked):
         PATTERNS[name](files)
         return {"seconds": time.perf_counter() - t0}
     cmd = [sys.executable, os.path.abspath(__file__), a.path, "--device", a.device,
-           "--child", name] + (["--check"] if checked else [])
+           "--child", name] + (["--check", "child"] if checked else [])
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -269,8 +269,12 @@ def main():
     ap.add_argument("--scrub", default=None,
                     help="a file or folder read with O_DIRECT before each cold pass, to empty "
                          "caches below the guest's (bench/coldcache.py)")
+    ap.add_argument("--check", default="first",
+                    help="whose bytes are checked against the file, in their first pass: "
+                         "first (every loader's), none, or a comma-separated list of loaders "
+                         "(a cold check of a loader that reads with O_DIRECT reads the file "
+                         "from the disk again)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     scrub_with = scrub_files(a.scrub)
     if a.child:
@@ -291,6 +295,8 @@ def main():
             loaders.append(name)
         else:
             print(f"left out {name}: {why}")
+    def checks(name):
+        return a.check == "first" or (a.check != "none" and name in a.check.split(","))
     fst_bin = a.fst_bin if a.fst_bin and os.path.exists(a.fst_bin) else shutil.which(a.fst_bin)
     modes = ([] if a.no_warm else ["warm"]) + ([] if a.no_cold else ["cold"])
     if not modes:
@@ -320,7 +326,8 @@ def main():
                     warm(files)
                 else:
                     evict = make_cold(files, scrub_with)
-                res = run_child(a, name, env, checked=(r == 0 and mode == modes[0]))
+                first = r == 0 and mode == modes[0]
+                res = run_child(a, name, env, checked=first and checks(name))
                 if "error" in res:
                     print(f"round {r + 1} {mode} {name}: {res['error']}", flush=True)
                     info[name].setdefault("errors", []).append(res["error"])
