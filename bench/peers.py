@@ -9,7 +9,7 @@ in the same round. A markdown table on stdout, JSON with --json.
   python3 bench/make_checkpoints.py /tmp/ck          # 16 GB dense, 13.8 GB MXFP4
   python3 bench/peers.py /tmp/ck/llama3-8b --device cuda:0 --rounds 2 \\
       [--peer-site DIR] [--only fst.load,fastsafetensors] [--no-cold | --no-warm]
-      [--scrub DIR] [--check first|none|LOADER,...] [--json out.json]
+      [--scrub DIR] [--check first|none|LOADER,...] [--json out.json [--append]]
 
 Loaders (a peer that does not import is reported and left out; LOADER+NAME=VALUE
 runs LOADER with one more environment variable, e.g. fst.load+FST_STAGING_PAGES=driver):
@@ -64,9 +64,10 @@ def files_of(path):
 
 
 def warm(files):
+    buf = bytearray(64 << 20)
     for f in files:
-        with open(f, "rb") as fh:
-            while fh.read(64 << 20):
+        with open(f, "rb", buffering=0) as fh:
+            while fh.readinto(buf):
                 pass
 
 
@@ -146,23 +147,28 @@ def load_with(name, path, files, device, params=None):
 
 
 def check(tensors, files):
-    """Every tensor of the files present once, with the file's bytes."""
+    """Every tensor of the files present once, with the file's bytes. Each
+    file is read once and copied once to each device its tensors are on, so
+    the comparison runs where the tensors are (a tensor-by-tensor copy back
+    to the host took longer than most loads)."""
     import numpy as np
+    import torch
     seen = 0
     for f, base, header in headers(files):
-        with open(f, "rb") as fh:
-            for k, meta in header.items():
-                if k not in tensors:
-                    return f"{k} missing"
-                a, b = meta["data_offsets"]
-                t = tensors[k]
-                got = t.detach().contiguous().reshape(-1).view(__import__("torch").uint8)
-                got = got.cpu().numpy()
-                fh.seek(base + a)
-                want = np.frombuffer(fh.read(b - a), dtype=np.uint8)
-                if got.shape != want.shape or not np.array_equal(got, want):
-                    return f"{k}: bytes differ"
-                seen += 1
+        whole = torch.from_numpy(np.fromfile(f, dtype=np.uint8))
+        on = {torch.device("cpu"): whole}
+        for k, meta in header.items():
+            if k not in tensors:
+                return f"{f}: {k} missing"
+            a, b = meta["data_offsets"]
+            got = tensors[k].detach().contiguous().reshape(-1).view(torch.uint8)
+            if got.device not in on:
+                on[got.device] = whole.to(got.device)
+            want = on[got.device][base + a:base + b]
+            if got.numel() != want.numel() or not torch.equal(got, want):
+                return f"{f}: {k}: bytes differ"
+            seen += 1
+        del on, whole
     if seen != len(tensors):
         return f"{len(tensors) - seen} tensors not in the files"
     return "bytes equal"
@@ -266,6 +272,10 @@ def main():
     ap.add_argument("--peer-site", default=None, help="a folder with the peers' packages")
     ap.add_argument("--fst-bin", default=shutil.which("fst") or "build/fst")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--append", action="store_true",
+                    help="continue the rounds of --json's file (same checkpoint, device and "
+                         "modes), so that one run can span several calls; the table covers "
+                         "every round")
     ap.add_argument("--scrub", default=None,
                     help="a file or folder read with O_DIRECT before each cold pass, to empty "
                          "caches below the guest's (bench/coldcache.py)")
@@ -305,14 +315,36 @@ def main():
     info = {n: {} for n in loaders}
     lims = []
     evict = None
+    passes = []
+    if a.append and a.json and os.path.exists(a.json):
+        with open(a.json) as f:
+            old = json.load(f)
+        if (old.get("path"), old.get("device"), old.get("modes")) != (a.path, a.device, modes):
+            sys.exit(f"--append: {a.json} holds another checkpoint, device or modes "
+                     f"({old.get('path')}, {old.get('device')}, {old.get('modes')})")
+        lims, evict, passes = old["limits"], old.get("evicted_by"), old.get("passes", [])
+        for n in old["seconds"]:
+            results[n] = {m: old["seconds"][n].get(m, []) for m in modes}
+            info[n] = dict(old["info"].get(n, {}), **info.get(n, {}))
+        loaders_shown = list(old["seconds"]) + [n for n in loaders if n not in old["seconds"]]
+    else:
+        loaders_shown = list(loaders)
+    first_round = len(lims)
+
+    def record(name, mode, r, secs):
+        # one entry per round, None where a pass failed or was not run
+        lst = results[name][mode]
+        lst += [None] * (r - len(lst))
+        lst.append(secs)
 
     def dump():
         # after every pass, so that a run cut short keeps what it measured
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"path": a.path, "bytes": nbytes, "device": a.device, "limits": lims,
-                           "seconds": results, "info": info, "evicted_by": evict}, f, indent=1)
-    for r in range(a.rounds):
+                json.dump({"path": a.path, "bytes": nbytes, "device": a.device, "modes": modes,
+                           "limits": lims, "seconds": results, "info": info,
+                           "evicted_by": evict, "passes": passes}, f, indent=1)
+    for r in range(first_round, first_round + a.rounds):
         # the warm limits (fst bench); the cold one is the read patterns' best
         lim = limits(fst_bin, a.path, a.device) if "warm" in modes else {}
         lims.append(lim)
@@ -322,68 +354,76 @@ def main():
             for name in order:
                 if mode == "warm" and name in PATTERNS:
                     continue
+                t_pass = time.perf_counter()
                 if mode == "warm":
                     warm(files)
                 else:
                     evict = make_cold(files, scrub_with)
-                first = r == 0 and mode == modes[0]
+                # each loader checked in its first pass of the first mode
+                first = mode == modes[0] and "check" not in info[name] and \
+                    not any(x is not None for x in results[name][mode])
                 res = run_child(a, name, env, checked=first and checks(name))
+                # a whole pass (cache preparation, the child, its check): for planning runs
+                passes.append({"round": r + 1, "mode": mode, "loader": name,
+                               "seconds": round(time.perf_counter() - t_pass, 1)})
                 if "error" in res:
                     print(f"round {r + 1} {mode} {name}: {res['error']}", flush=True)
                     info[name].setdefault("errors", []).append(res["error"])
+                    dump()
                     continue
-                results[name][mode].append(res["seconds"])
+                record(name, mode, r, res["seconds"])
                 for k in ("peak_rss_bytes", "device_bytes", "check"):
                     if k in res:
                         info[name][k] = max(info[name].get(k, 0), res[k]) if k != "check" \
                             else res[k]
                 print(f"round {r + 1} {mode} {name}: {res['seconds']:.3f} s "
-                      f"{nbytes / res['seconds'] / 1e9:.2f} GB/s", flush=True)
+                      f"{nbytes / res['seconds'] / 1e9:.2f} GB/s (pass {passes[-1]['seconds']} s)",
+                      flush=True)
                 dump()
 
-    def best_limit(key):
-        v = [x.get(key) for x in lims if x.get(key)]
-        return max(v) if v else None
+    nrounds = len(lims)
+    for n in results:
+        for m in modes:
+            results[n][m] += [None] * (nrounds - len(results[n][m]))
 
     def rate(n, mode):
-        return [nbytes / s / 1e9 for s in results[n].get(mode, [])]
-
-    def gbps(x):
-        return "-" if x is None else f"{x:.2f}"
+        return [None if x is None else nbytes / x / 1e9 for x in results[n][mode]]
 
     def listed(xs):
-        return ", ".join(f"{x:.2f}" for x in xs) or "-"
+        return ", ".join("-" if x is None else f"{x:.2f}" for x in xs) or "-"
 
-    pread, copy = best_limit("pread"), best_limit("pinned_copy")
-    # the disk's best in each cold round: the fastest read pattern of that round
-    pats = [n for n in loaders if n in PATTERNS]
-    best_read = [max(rate(p, "cold")[r] for p in pats if len(rate(p, "cold")) > r)
-                 for r in range(a.rounds) if any(len(rate(p, "cold")) > r for p in pats)]
+    def per_round(xs, lims_of_rounds):
+        return [x / b if x and b else None for x, b in zip(xs, lims_of_rounds)]
+
+    # each round's limits: the warm ones by fst bench, the cold one the
+    # fastest read pattern of that round
+    pread = [x.get("pread") for x in lims]
+    copy = [x.get("pinned_copy") for x in lims]
+    pats = [n for n in loaders_shown if n in PATTERNS]
+    best_read = [max([x for x in (rate(p, "cold")[r] for p in pats) if x] or [None])
+                 for r in range(nrounds)] if "cold" in modes else []
     print(f"\n{a.path}: {nbytes / 1e9:.2f} GB in {len(files)} files onto {a.device}, "
-          f"{a.rounds} rounds; cold by {evict or '-'}")
-    print(f"limits (best of the rounds): pread {gbps(pread)} GB/s, pinned copy {gbps(copy)} GB/s; "
-          f"best read pattern cold (rounds) {listed(best_read)} GB/s")
+          f"{nrounds} rounds; cold by {evict or '-'}")
+    print(f"limits (rounds): pread {listed(pread)} GB/s, pinned copy {listed(copy)} GB/s; "
+          f"best read pattern cold {listed(best_read)} GB/s")
     print("| loader | warm GB/s (rounds) | × pread | × pinned copy | cold GB/s (rounds) | "
-          "× best read (rounds) | peak RSS | device bytes | bytes |")
+          "× best read | peak RSS | device bytes | bytes |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for n in loaders:
-        w, c = rate(n, "warm"), rate(n, "cold")
-        bw = max(w) if w else None
-
-        def ratio(x, lim):
-            return f"{x / lim:.2f}" if x and lim else "-"
-        vs_read = listed([x / b for x, b in zip(c, best_read)]) if len(c) == len(best_read) \
-            else "-"
-        print(f"| {n} | {listed(w)} | {ratio(bw, pread)} | {ratio(bw, copy)} | {listed(c)} | "
-              f"{vs_read} | {gb(info[n].get('peak_rss_bytes', 0))} GB | "
+    for n in loaders_shown:
+        w = rate(n, "warm") if "warm" in modes else []
+        c = rate(n, "cold") if "cold" in modes else []
+        print(f"| {n} | {listed(w)} | {listed(per_round(w, pread))} | "
+              f"{listed(per_round(w, copy))} | {listed(c)} | {listed(per_round(c, best_read))} | "
+              f"{gb(info[n].get('peak_rss_bytes', 0))} GB | "
               f"{gb(info[n].get('device_bytes', 0))} GB | {info[n].get('check', '-')} |")
     for mode in modes:
-        for r in range(a.rounds):
-            ranked = sorted(((rate(n, mode)[r], n) for n in loaders
-                             if n not in PATTERNS and len(rate(n, mode)) > r), reverse=True)
+        for r in range(nrounds):
+            ranked = sorted(((rate(n, mode)[r], n) for n in loaders_shown
+                             if n not in PATTERNS and rate(n, mode)[r]), reverse=True)
             print(f"{mode} round {r + 1}, fastest first: " +
                   ", ".join(f"{n} {x:.2f}" for x, n in ranked))
     dump()
+
 
 if __name__ == "__main__":
     main()

@@ -69,12 +69,14 @@ build_one() {
 	fi
 
 	# The compiler, archiver and indexer CMake, configure scripts and setuptools
-	# are given: zig through the ziglang package, for glibc 2.28.
-	local zig=$ab/zig
+	# are given: zig through the ziglang package, for glibc 2.28. pip's
+	# isolated build puts its own site setup on PYTHONPATH, which hides the
+	# venv's packages from a Python of the same version: cleared here.
+	local zig=$ab/zig run='exec env -u PYTHONPATH -u PYTHONHOME'
 	mkdir -p "$zig"
-	printf '#!/bin/sh\nexec %q -m ziglang cc -target %s "$@"\n' "$venv/bin/python" "$target" >"$zig/cc"
-	printf '#!/bin/sh\nexec %q -m ziglang ar "$@"\n' "$venv/bin/python" >"$zig/ar"
-	printf '#!/bin/sh\nexec %q -m ziglang ranlib "$@"\n' "$venv/bin/python" >"$zig/ranlib"
+	printf '#!/bin/sh\n%s %q -m ziglang cc -target %s "$@"\n' "$run" "$venv/bin/python" "$target" >"$zig/cc"
+	printf '#!/bin/sh\n%s %q -m ziglang ar "$@"\n' "$run" "$venv/bin/python" >"$zig/ar"
+	printf '#!/bin/sh\n%s %q -m ziglang ranlib "$@"\n' "$run" "$venv/bin/python" >"$zig/ranlib"
 	chmod +x "$zig/cc" "$zig/ar" "$zig/ranlib"
 
 	# The dependencies, into $deps (include/, lib/), once per source version.
