@@ -14,7 +14,8 @@
 #                the guest holds the blocks of the one being read. TAG names the
 #                result files (peers-MODEL-TAG.txt and .json).
 # Each checkpoint is written the first time a step needs it.
-# The peers' wheels come from WHL. Results go to OUT.
+# The peers' wheels come from WHL. Results go to OUT. DEVICE (default cuda:0) and
+# CK_ARGS (e.g. "--layers 2": small checkpoints) let the steps be tried on a CPU.
 set -uo pipefail
 OUT=${OUT:-/tmp/fst-cold-out}
 WORK=${WORK:-/tmp/fst-cold-work}
@@ -28,13 +29,15 @@ PEER_ARGS=${PEER_ARGS:-}
 PEER_MODELS=${PEER_MODELS:-gpt-oss-20b llama3-8b}
 BEFORE=${BEFORE:-}
 SCRUB=${SCRUB:-}
+DEVICE=${DEVICE:-cuda:0}
+CK_ARGS=${CK_ARGS:-}
 mkdir -p "$OUT" "$WORK"
 py=$PY fst=$FST peers=$WORK/peers
 "$py" -m pip install -q --no-index --no-deps --target "$peers" "$WHL"/*.whl >"$OUT/peers-install.txt" 2>&1
 for m in $([ "$PEERS" = 1 ] && echo "$PEER_MODELS") $([ "$SWEEP" = 1 ] && echo gpt-oss-20b) \
 	$([ "$SCRUB" = other ] && echo gpt-oss-20b llama3-8b) \
 	$([ -n "$BEFORE" ] && echo llama3-8b); do
-	[ -d "$WORK/ck/$m" ] || "$py" bench/make_checkpoints.py "$WORK/ck" --only "$m" 2>&1 |
+	[ -d "$WORK/ck/$m" ] || "$py" bench/make_checkpoints.py "$WORK/ck" --only "$m" $CK_ARGS 2>&1 |
 		tee -a "$OUT/checkpoints.txt"
 done
 # The checkpoints just written are still being written back: the first warm
@@ -75,7 +78,7 @@ if [ "$PEERS" = 1 ]; then
 			scrub="--scrub $WORK/ck/gpt-oss-20b"
 			[ "$m" = gpt-oss-20b ] && scrub="--scrub $WORK/ck/llama3-8b"
 		fi
-		"$py" bench/peers.py "$WORK/ck/$m" --device cuda:0 --peer-site "$peers" --fst-bin "$fst" \
+		"$py" bench/peers.py "$WORK/ck/$m" --device "$DEVICE" --peer-site "$peers" --fst-bin "$fst" \
 			$PEER_ARGS $scrub --json "$OUT/peers-$m${TAG:+-$TAG}.json" 2>&1 |
 			tee "$OUT/peers-$m${TAG:+-$TAG}.txt"
 	done
