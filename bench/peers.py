@@ -12,7 +12,8 @@ in the same round. A markdown table on stdout, JSON with --json.
       [--scrub DIR] [--check first|none|LOADER,...] [--json out.json [--append]]
 
 Loaders (a peer that does not import is reported and left out; LOADER+NAME=VALUE
-runs LOADER with one more environment variable, e.g. fst.load+FST_STAGING_PAGES=driver):
+runs LOADER with one more environment variable, e.g. fst.load+FST_STAGING_PAGES=driver;
+an fst loader takes load options after colons, e.g. fst.load:staging_bytes=268435456):
   fst.load, fst.iter_tensors   this package (iter_tensors collected into a dict)
   fst.iter_into_params         fst.iter_tensors with the consumer an engine's load_weights
                                is: each tensor copied into a parameter allocated before the
@@ -89,7 +90,7 @@ def headers(files):
 def prepare(name, files, device):
     """What a loader is given before the clock starts: the parameters
     fst.iter_into_params copies into, as an engine allocates its model first."""
-    if name != "fst.iter_into_params":
+    if name.split(":")[0] != "fst.iter_into_params":
         return None
     import torch
     return {k: torch.empty(m["shape"], dtype=getattr(torch, TORCH_DTYPES[m["dtype"]]),
@@ -97,19 +98,30 @@ def prepare(name, files, device):
             for _, _, h in headers(files) for k, m in h.items()}
 
 
+def fst_options(name):
+    """The load options of "fst.load:staging_bytes=268435456:io=pread"."""
+    opts = {}
+    for kv in name.split(":")[1:]:
+        k, _, v = kv.partition("=")
+        opts[k] = int(v) if v.isdigit() else v
+    return opts
+
+
 def load_with(name, path, files, device, params=None):
     """{tensor name: tensor} (or an iterator of pairs) by loader `name`."""
     import torch
+    opts = fst_options(name)
+    name = name.split(":")[0]
     dev_index = (torch.device(device).index or 0) if device.startswith("cuda") else None
     if name == "fst.load":
         import fst
-        return fst.load(path, device=device)
+        return fst.load(path, device=device, **opts)
     if name == "fst.iter_tensors":
         import fst
-        return dict(fst.iter_tensors(path, device=device))
+        return dict(fst.iter_tensors(path, device=device, **opts))
     if name == "fst.iter_into_params":
         import fst
-        for k, t in fst.iter_tensors(path, device=device):
+        for k, t in fst.iter_tensors(path, device=device, **opts):
             params[k].copy_(t)
         return params
     if name == "safetensors":
@@ -188,7 +200,7 @@ def child(a):
         torch.zeros(1, device=a.device)
         torch.cuda.synchronize()
         free0 = torch.cuda.mem_get_info(torch.device(a.device))[0]
-    name = a.child.split("+")[0]
+    name = a.child.split("+")[0]  # with its options: load_with reads them
     params = prepare(name, files, a.device)
     if cuda:
         torch.cuda.synchronize()
@@ -236,7 +248,7 @@ def importable(name, env):
     mod = {"fst.load": "fst", "fst.iter_tensors": "fst", "safetensors": "safetensors",
            "fastsafetensors": "fastsafetensors", "instanttensor": "instanttensor",
            "runai": "runai_model_streamer", "fst.iter_into_params": "fst",
-           "instanttensor.buffered": "instanttensor"}[name.split("+")[0]]
+           "instanttensor.buffered": "instanttensor"}[name.split("+")[0].split(":")[0]]
     r = subprocess.run([sys.executable, "-c", f"import {mod}"], env=env, capture_output=True,
                        text=True)
     return r.returncode == 0, (r.stderr.strip().splitlines() or [""])[-1]
