@@ -202,8 +202,11 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 			return rc;
 	} else {
 		CUdeviceptr p = 0;
+		double t0 = fsti_now();
 		CUresult r = fsti_fault("device_alloc") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY
 							: cu->cuMemAlloc_v2(&p, size);
+		fsti_log(FST_LOG_DEBUG, "cuda:%d: allocating %" PRIu64 " bytes took %.1f ms",
+			 b->device_id, size, (fsti_now() - t0) * 1e3);
 		if (r)
 			return fsti_cuda_fail(cu, r, err,
 					      "cuda:%d: cannot allocate %" PRIu64 " bytes for %zu "

@@ -492,6 +492,7 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 	if (!ck || !out)
 		return fsti_err(err, FST_EUSAGE, "fst_load_start: checkpoint and out are required");
 	*out = NULL;
+	double t0 = fsti_now();
 	int rc;
 	struct fsti_engine *e = configure(ck, opts, pieces, npieces, &rc, err);
 	if (!e)
@@ -553,6 +554,10 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 	rc = start_workers(e, err);
 	if (rc)
 		goto fail;
+	/* what a load costs before its first read (the first load of a
+	 * process is slower than the next ones) */
+	fsti_log(FST_LOG_DEBUG, "load set up in %.1f ms (plan, destination, threads): %s",
+		 (fsti_now() - t0) * 1e3, e->describe);
 	give_back_context(e);
 	*out = (fst_loader *)e;
 	return 0;
