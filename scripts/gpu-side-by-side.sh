@@ -5,7 +5,8 @@
 # device call each, called back to back on one machine (its /tmp keeps the
 # checkpoints, the installed wheel and the runs' JSON between calls):
 #   STEP=1  the wheel (scripts/gpu-wheel.sh), the machine, both checkpoints,
-#           gpt-oss-20b warm (2 rounds)
+#           gpt-oss-20b warm (2 rounds), then two loads in one process with
+#           fst's debug log (first-load.txt: where a first load loses time)
 #   STEP=2  llama3-8b warm (2 rounds), gpt-oss-20b cold round 1
 #   STEP=3  gpt-oss-20b cold round 2, llama3-8b cold round 1
 #   STEP=4  llama3-8b cold round 2
@@ -56,6 +57,23 @@ case $STEP in
 	} >"$OUT/machine.txt" 2>&1
 	peers gpt-oss-20b warm 420
 	cp "$RES/checkpoints.txt" "$OUT/" 2>/dev/null
+	# where a process's first load loses time against its later ones: the
+	# set-up and allocation times fst logs at debug level, two loads in a row
+	FST_LOG=debug timeout 60 python3 - "$WORK/ck/gpt-oss-20b" >"$OUT/first-load.txt" 2>&1 <<'EOF'
+import sys, time
+import torch
+import fst
+torch.zeros(1, device="cuda:0")
+torch.cuda.synchronize()
+for i in range(2):
+    t0 = time.perf_counter()
+    d = fst.load(sys.argv[1], device="cuda:0")
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    n = sum(t.numel() * t.element_size() for t in d.values())
+    print(f"load {i + 1}: {dt * 1e3:.1f} ms, {n / dt / 1e9:.2f} GB/s", flush=True)
+    del d
+EOF
 	;;
 2)
 	peers llama3-8b warm 330
