@@ -87,10 +87,15 @@ def headers(files):
     return out
 
 
+def kind(name):
+    """The loader of a row: "fst.load:io=pread+FST_LOG=debug" is fst.load."""
+    return name.split("+")[0].split(":")[0]
+
+
 def prepare(name, files, device):
     """What a loader is given before the clock starts: the parameters
     fst.iter_into_params copies into, as an engine allocates its model first."""
-    if name.split(":")[0] != "fst.iter_into_params":
+    if kind(name) != "fst.iter_into_params":
         return None
     import torch
     return {k: torch.empty(m["shape"], dtype=getattr(torch, TORCH_DTYPES[m["dtype"]]),
@@ -111,7 +116,7 @@ def load_with(name, path, files, device, params=None):
     """{tensor name: tensor} (or an iterator of pairs) by loader `name`."""
     import torch
     opts = fst_options(name)
-    name = name.split(":")[0]
+    name = kind(name)
     dev_index = (torch.device(device).index or 0) if device.startswith("cuda") else None
     if name == "fst.load":
         import fst
@@ -248,7 +253,7 @@ def importable(name, env):
     mod = {"fst.load": "fst", "fst.iter_tensors": "fst", "safetensors": "safetensors",
            "fastsafetensors": "fastsafetensors", "instanttensor": "instanttensor",
            "runai": "runai_model_streamer", "fst.iter_into_params": "fst",
-           "instanttensor.buffered": "instanttensor"}[name.split("+")[0].split(":")[0]]
+           "instanttensor.buffered": "instanttensor"}[kind(name)]
     r = subprocess.run([sys.executable, "-c", f"import {mod}"], env=env, capture_output=True,
                        text=True)
     return r.returncode == 0, (r.stderr.strip().splitlines() or [""])[-1]
@@ -337,7 +342,7 @@ def main():
         lims, evict, passes = old["limits"], old.get("evicted_by"), old.get("passes", [])
         for n in old["seconds"]:
             results[n] = {m: old["seconds"][n].get(m, []) for m in modes}
-            info[n] = dict(old["info"].get(n, {}), **info.get(n, {}))
+            info[n] = old["info"].get(n, {})
         loaders_shown = list(old["seconds"]) + [n for n in loaders if n not in old["seconds"]]
     else:
         loaders_shown = list(loaders)
