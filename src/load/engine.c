@@ -554,7 +554,7 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 	rc = start_workers(e, err);
 	if (rc)
 		goto fail;
-	/* what a load costs before its first read (the first load of a
+	/* what a load costs before its workers run (the first load of a
 	 * process is slower than the next ones) */
 	fsti_log(FST_LOG_DEBUG, "load set up in %.1f ms (plan, destination, threads): %s",
 		 (fsti_now() - t0) * 1e3, e->describe);
