@@ -1,8 +1,8 @@
 /*
  * cuda_sink.c - chunks to GPU memory through pinned landing slots.
  *
- * Each worker owns a non-blocking stream, a pinned block of FSTI_SLOTS
- * landing slots and one event per slot. A chunk read into a slot is copied
+ * Each worker owns a non-blocking stream, FSTI_SLOTS landing slots (its
+ * share of one pinned block of the load's) and one event per slot. A chunk read into a slot is copied
  * to its tensors with cuMemcpyHtoDAsync, piece by piece, and the slot's
  * event is recorded after the last piece. Two rules keep bytes sacred:
  *  - a slot is overwritten only after its event has completed (its copies
@@ -17,6 +17,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -123,6 +124,8 @@ void fst_trim(void)
 struct cuda_load {
 	const struct fsti_cuda *cu;
 	int device;
+	struct pinned_block pinned; /* every worker's slots */
+	atomic_uint workers;        /* slot sets handed out */
 };
 
 struct cuda_worker {
@@ -130,7 +133,6 @@ struct cuda_worker {
 	CUstream stream;
 	CUevent ev[FSTI_SLOTS];
 	bool ev_made[FSTI_SLOTS];
-	struct pinned_block pinned; /* the worker's slots, one block */
 	const struct fsti_chunk *pending[FSTI_SLOTS];
 	bool failed[FSTI_SLOTS]; /* a copy of the slot's chunk could not be queued */
 	char *slot[FSTI_SLOTS];
@@ -223,6 +225,23 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 					"%u bytes; pass an allocator for larger alignments",
 					b->device_id, e->opts.align);
 	}
+	/* Every worker's slots in one block, pinned here before the workers
+	 * start: the driver pins one call at a time, and one call for the
+	 * load costs about what one of the workers' own calls did (they
+	 * waited for each other, the last one up to 11 ms on the H200:
+	 * bench/results/h200-2026-12-02-first-load). */
+	double t0 = fsti_now();
+	uint64_t len = (uint64_t)e->nthreads * FSTI_SLOTS * e->slot_bytes;
+	CUresult r;
+	if (pinned_get(cu, len, &l->pinned, &r)) {
+		l->pinned.p = NULL;
+		return fsti_cuda_fail(cu, r, err,
+				      "cannot allocate %" PRIu64 " bytes of pinned staging "
+				      "memory (--staging sets the budget)",
+				      len);
+	}
+	fsti_log(FST_LOG_DEBUG, "cuda:%d: pinning %" PRIu64 " bytes of staging took %.1f ms",
+		 l->device, len, (fsti_now() - t0) * 1e3);
 	return 0;
 }
 
@@ -231,6 +250,9 @@ static void cuda_load_fini(struct fsti_engine *e)
 	struct cuda_load *l = e->sink_ctx;
 	if (!l)
 		return;
+	/* the workers are gone and their streams idle: no copy reads the slots */
+	if (l->pinned.p)
+		pinned_put(l->cu, l->pinned);
 	fsti_free(l);
 	e->sink_ctx = NULL;
 }
@@ -252,27 +274,18 @@ static int cuda_worker_init(struct fsti_engine *e, void **state, fst_error *err)
 		w->stream = NULL;
 		return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot create a stream", l->device);
 	}
-	/* Each worker pins its own slots: page-locking costs about as much as
-	 * touching the memory, and workers do it in parallel, overlapping the
-	 * first reads of the others. */
-	double t0 = fsti_now();
-	uint64_t len = FSTI_SLOTS * e->slot_bytes;
-	if (pinned_get(cu, len, &w->pinned, &r)) {
-		w->pinned.p = NULL;
-		return fsti_cuda_fail(cu, r, err,
-				      "cannot allocate %" PRIu64 " bytes of pinned staging "
-				      "memory (--staging sets the budget)",
-				      len);
-	}
-	fsti_log(FST_LOG_DEBUG, "cuda:%d: pinning %" PRIu64 " bytes of staging took %.1f ms",
-		 l->device, len, (fsti_now() - t0) * 1e3);
+	unsigned k = atomic_fetch_add(&l->workers, 1);
+	if (k >= e->nthreads)
+		return fsti_err(err, FST_EDEVICE, "cuda:%d: more workers than slot sets (%u)",
+				l->device, e->nthreads);
+	char *mine = l->pinned.p + (uint64_t)k * FSTI_SLOTS * e->slot_bytes;
 	for (int s = 0; s < FSTI_SLOTS; s++) {
 		r = cu->cuEventCreate(&w->ev[s], FSTI_CU_EVENT_DISABLE_TIMING);
 		if (r)
 			return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot create an event",
 					      l->device);
 		w->ev_made[s] = true;
-		w->slot[s] = w->pinned.p + (unsigned)s * e->slot_bytes;
+		w->slot[s] = mine + (unsigned)s * e->slot_bytes;
 	}
 	return 0;
 }
@@ -402,9 +415,6 @@ static void cuda_worker_fini(struct fsti_engine *e, void *state)
 			cu->cuEventDestroy_v2(w->ev[s]);
 	if (w->stream)
 		cu->cuStreamDestroy_v2(w->stream);
-	/* after the stream is idle: no copy can still read the slots */
-	if (w->pinned.p)
-		pinned_put(cu, w->pinned);
 	fsti_free(w);
 }
 

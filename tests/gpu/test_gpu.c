@@ -1099,8 +1099,8 @@ static int fault_sites_body(void)
 	static const struct {
 		const char *site;
 		long from;
-	} persistent[] = {{"device_alloc", 1}, {"pin", 1}, {"pin", 2}, {"h2d", 1},
-			  {"h2d", 3},          {"event", 1}, {"event", 3}};
+	} persistent[] = {{"device_alloc", 1}, {"pin", 1},   {"h2d", 1},
+			  {"h2d", 3},          {"event", 1}, {"event", 3}}; /* one pin a load */
 	for (size_t k = 0; !rc && k < sizeof persistent / sizeof persistent[0]; k++)
 		rc = persistent_fault(ck, persistent[k].site, persistent[k].from,
 				      k % 2 && fault_uring ? FST_IO_URING : FST_IO_PREAD, 3, &base,
