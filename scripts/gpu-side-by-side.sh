@@ -4,11 +4,12 @@
 # each, on both checkpoints of bench/make_checkpoints.py) in four steps, one
 # device call each, called back to back on one machine (its /tmp keeps the
 # checkpoints, the installed wheel and the runs' JSON between calls):
-#   STEP=1  the wheel (scripts/gpu-wheel.sh), the machine, both checkpoints,
-#           gpt-oss-20b warm (2 rounds), then two loads in one process with
-#           fst's debug log (first-load.txt: where a first load loses time)
+#   STEP=1  the wheel installed (WHEEL_CHECK=1: scripts/gpu-wheel.sh, its
+#           checks too), the machine, both checkpoints, gpt-oss-20b warm (2
+#           rounds), then two streamed loads in one process (first-load.txt:
+#           when each share of the bytes was ready, bench/first_load.py)
 #   STEP=2  llama3-8b warm (2 rounds), gpt-oss-20b cold round 1
-#   STEP=3  gpt-oss-20b cold round 2, llama3-8b cold round 1
+#   STEP=3  llama3-8b cold round 1, gpt-oss-20b cold round 2
 #   STEP=4  llama3-8b cold round 2
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
 # pass took 15-45 s there, a cold one about 30 s: bench/results/
@@ -43,8 +44,18 @@ peers() {
 case $STEP in
 1)
 	date +%T >"$OUT/times.txt"
-	OUT=$RES/wheel timeout 150 bash scripts/gpu-wheel.sh >"$OUT/wheel.txt" 2>&1
-	cat "$RES/wheel/wheel.txt" >>"$OUT/wheel.txt" 2>/dev/null
+	if [ "${WHEEL_CHECK:-0}" = 1 ]; then
+		OUT=$RES/wheel timeout 150 bash scripts/gpu-wheel.sh >"$OUT/wheel.txt" 2>&1
+		cat "$RES/wheel/wheel.txt" >>"$OUT/wheel.txt" 2>/dev/null
+	else
+		py=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+		whl=$(ls dist/fst_loader-*-"$py"-"$py"-*manylinux_2_28_x86_64.whl | tail -1)
+		{
+			sha256sum "$whl"
+			python3 -m pip install -q --no-index --no-deps --force-reinstall "$whl" 2>&1
+			"$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/fst" --version
+		} >"$OUT/wheel.txt" 2>&1
+	fi
 	{
 		nproc
 		free -g
@@ -57,31 +68,17 @@ case $STEP in
 	} >"$OUT/machine.txt" 2>&1
 	peers gpt-oss-20b warm 420
 	cp "$RES/checkpoints.txt" "$OUT/" 2>/dev/null
-	# where a process's first load loses time against its later ones: the
-	# set-up and allocation times fst logs at debug level, two loads in a row
-	FST_LOG=debug timeout 60 python3 - "$WORK/ck/gpt-oss-20b" >"$OUT/first-load.txt" 2>&1 <<'EOF'
-import sys, time
-import torch
-import fst
-torch.zeros(1, device="cuda:0")
-torch.cuda.synchronize()
-for i in range(2):
-    t0 = time.perf_counter()
-    d = fst.load(sys.argv[1], device="cuda:0")
-    torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    n = sum(t.numel() * t.element_size() for t in d.values())
-    print(f"load {i + 1}: {dt * 1e3:.1f} ms, {n / dt / 1e9:.2f} GB/s", flush=True)
-    del d
-EOF
+	# where a process's first load loses time against its later ones: when
+	# each share of the bytes was ready, two streamed loads in one process
+	timeout 60 python3 bench/first_load.py timeline "$WORK/ck/gpt-oss-20b" >"$OUT/first-load.txt" 2>&1
 	;;
 2)
 	peers llama3-8b warm 330
 	peers gpt-oss-20b cold 240
 	;;
 3)
-	peers gpt-oss-20b cold 240
 	peers llama3-8b cold 300
+	peers gpt-oss-20b cold 240
 	;;
 4)
 	peers llama3-8b cold 300
