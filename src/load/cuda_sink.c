@@ -233,6 +233,8 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 	double t0 = fsti_now();
 	uint64_t len = (uint64_t)e->nthreads * FSTI_SLOTS * e->slot_bytes;
 	CUresult r;
+	if (!len)
+		return 0; /* no byte to read: no workers, no slots */
 	if (pinned_get(cu, len, &l->pinned, &r)) {
 		l->pinned.p = NULL;
 		return fsti_cuda_fail(cu, r, err,
