@@ -279,6 +279,15 @@ def driver():
         cu.cuMemHostUnregister(buf)
 
 
+def fill_cache(torch, path):
+    """Leave a block of the checkpoint's size (and some) in torch's cache,
+    so the next load's device memory comes from it, allocated before."""
+    n = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+            if f.endswith(".safetensors"))
+    x = torch.empty(n + (256 << 20), dtype=torch.uint8, device=DEV)
+    del x
+
+
 def load_once(path, label, **kw):
     import torch
     import fst
@@ -305,12 +314,8 @@ def case(path, which):
         for i in range(2):
             load_once(path, f"load {i + 1} (cuMemAlloc)", torch_allocator=False)
     elif which == "cached":
-        # torch's cache already holds a block of the size: the first load
-        # without the device allocation (it still pins its staging)
-        n = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-                if f.endswith(".safetensors"))
-        x = torch.empty(n + (256 << 20), dtype=torch.uint8, device=DEV)
-        del x
+        # the first load without the device allocation (it still pins its staging)
+        fill_cache(torch, path)
         load_once(path, "load 1 (torch's cache holds the memory)")
         load_once(path, "load 2 (torch's cache holds the memory)")
 
@@ -351,10 +356,7 @@ def overlap(path):
     allocation), while another thread maps 16 GB piece by piece."""
     torch = torch_ready()
     import fst  # noqa: F401
-    n = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-            if f.endswith(".safetensors"))
-    x = torch.empty(n + (256 << 20), dtype=torch.uint8, device=DEV)
-    del x
+    fill_cache(torch, path)
     load_once(path, "load alone (cache holds the memory), warm-up")
     load_once(path, "load alone (cache holds the memory)")
     cu = cuda()

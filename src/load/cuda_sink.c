@@ -2,9 +2,9 @@
  * cuda_sink.c - chunks to GPU memory through pinned landing slots.
  *
  * Each worker owns a non-blocking stream, FSTI_SLOTS landing slots (its
- * share of one pinned block of the load's) and one event per slot. A chunk read into a slot is copied
- * to its tensors with cuMemcpyHtoDAsync, piece by piece, and the slot's
- * event is recorded after the last piece. Two rules keep bytes sacred:
+ * share of the load's one pinned block) and one event per slot. A chunk
+ * read into a slot is copied to its tensors with cuMemcpyHtoDAsync, piece
+ * by piece, and the slot's event is recorded after the last piece. Two rules keep bytes sacred:
  *  - a slot is overwritten only after its event has completed (its copies
  *    have finished reading it);
  *  - a chunk is reported done (and so may complete a tensor) only after its
