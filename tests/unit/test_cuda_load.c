@@ -5,7 +5,8 @@
  * 1 to 4 threads and 1, 4 and 16 MiB of staging, and with small chunks; one
  * device allocation a load, tensors aligned to 256 and disjoint. Shards of
  * only empty tensors, only scalars or none at all, a single file opened by
- * its path, and a checkpoint with no byte to read, whole and streamed. */
+ * its path, and a checkpoint with no byte to read, whole and streamed (it
+ * pins no staging). */
 #include "cuda_helpers.h"
 
 /* Every combination of device, reader, thread count and staging budget. */
@@ -130,11 +131,14 @@ static void test_edge_checkpoints(void **state)
 	ch_opts(&o, "cuda:1", FST_IO_PREAD, 4, 1 * MiB);
 	fst_buffer *buf = NULL;
 	fst_error err;
+	long pinned = ch_live_host();
 	if (fst_load(e.ck, &o, &buf, &err))
 		fail_msg("empty tensors only: %s", err.message);
 	assert_int_equal(fst_buffer_tensor_count(buf), 12);
 	ch_assert_buffer(&e, buf, 1);
 	fst_buffer_release(buf);
+	/* no worker, so no staging pinned (or kept for the next load) */
+	assert_int_equal(ch_live_host(), pinned);
 	ch_assert_clean("empty tensors only", e.host_base);
 	/* the streaming form hands every empty tensor out at once */
 	fst_loader *ld;
