@@ -110,8 +110,16 @@ static int wait_pair(fst_comm *c, fst_comm *node, fst_comm *on, CUevent ev, cons
 		}
 		int async = async_error(c);
 		const char *which = "";
-		if (!async && node && (async = async_error(node)))
-			which = " on the node's communicator";
+		/* The group's error read again after the node's: a rank of this
+		 * node that saw the group fail aborts the node too, between the
+		 * two reads, and the group's failure is the one to name. */
+		if (!async && node && (async = async_error(node))) {
+			int group = async_error(c);
+			if (group)
+				async = group;
+			else
+				which = " on the node's communicator";
+		}
 		if (async) {
 			char m[300];
 			snprintf(m, sizeof m, "%s failed%s: %s (another rank failed?)", what, which,

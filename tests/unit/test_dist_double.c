@@ -67,7 +67,8 @@ struct run {
 	char problem[WORLD][1100]; /* a set-up failure of a rank, off the main thread */
 	pthread_mutex_t m;
 	pthread_cond_t cv;
-	int finished; /* ranks done with their loads */
+	int ready;    /* ranks past joining their communicators, or failed to */
+	int finished; /* ranks done with their loads, or failed to join */
 };
 
 struct rank_arg {
@@ -93,6 +94,24 @@ static int load(struct run *run, fst_comm *comm, fst_comm *node, fst_buffer **bu
 	return fst_load_sharded(run->c->ck, &o, comm, run->dims, buf, err);
 }
 
+/* Count this rank in *n, under the run's lock. */
+static void count(struct run *run, int *n)
+{
+	pthread_mutex_lock(&run->m);
+	(*n)++;
+	pthread_cond_broadcast(&run->cv);
+	pthread_mutex_unlock(&run->m);
+}
+
+/* Until n counts every rank but the one that takes no part. */
+static void wait_others(struct run *run, const int *n)
+{
+	pthread_mutex_lock(&run->m);
+	while (*n < WORLD - 1)
+		pthread_cond_wait(&run->cv, &run->m);
+	pthread_mutex_unlock(&run->m);
+}
+
 static void *rank_main(void *arg)
 {
 	struct rank_arg *a = arg;
@@ -105,7 +124,7 @@ static void *rank_main(void *arg)
 	fst_error err;
 	if (fst_comm_init(WORLD, r, run->group_id, device, sc->timeout_ms, &comm, &err)) {
 		snprintf(run->problem[r], sizeof run->problem[r], "comm: %s", err.message);
-		return NULL;
+		goto gone;
 	}
 	const struct node_spec *ns = &run->nodes[r];
 	if (sc->node_is_comm)
@@ -115,32 +134,37 @@ static void *rank_main(void *arg)
 			       &node, &err)) {
 		snprintf(run->problem[r], sizeof run->problem[r], "node: %s", err.message);
 		fst_comm_destroy(comm);
-		return NULL;
+		goto gone;
 	}
 	if (r == sc->vanish) {
+		/* A peer that left while a rank still joined would fail that
+		 * rank's join, not its load: it leaves once every other rank
+		 * has joined. */
+		wait_others(run, &run->ready);
 		if (sc->drop_node) {
 			fst_comm_destroy(node);
 			node = NULL;
 		}
 		/* here until the others are done, its communicators alive */
-		pthread_mutex_lock(&run->m);
-		while (run->finished < WORLD - 1)
-			pthread_cond_wait(&run->cv, &run->m);
-		pthread_mutex_unlock(&run->m);
+		wait_others(run, &run->finished);
 	} else {
+		count(run, &run->ready);
 		double t0 = test_now_s();
 		out->rc = load(run, comm, node, &out->buf, &out->err);
 		out->secs = test_now_s() - t0;
 		if (sc->again)
 			out->rc2 = load(run, comm, node, &out->buf2, &out->err2);
-		pthread_mutex_lock(&run->m);
-		run->finished++;
-		pthread_cond_broadcast(&run->cv);
-		pthread_mutex_unlock(&run->m);
+		count(run, &run->finished);
 	}
 	if (node != comm)
 		fst_comm_destroy(node);
 	fst_comm_destroy(comm);
+	return NULL;
+gone: /* a rank that could not join: the one that takes no part waits for none */
+	if (r != sc->vanish) {
+		count(run, &run->ready);
+		count(run, &run->finished);
+	}
 	return NULL;
 }
 
