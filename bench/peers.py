@@ -30,6 +30,10 @@ is also a ratio to it):
   read:direct                  16 threads x 64 MiB preads with O_DIRECT
   read:buffered                16 threads x 64 MiB buffered preads
   read:willneed                16 threads x 4 MiB buffered preads, WILLNEED 1 GiB ahead
+  read:direct-small            16 threads x 512 KiB preads with O_DIRECT, one queue
+  read:direct-streams          16 threads, each reading a 256 MiB block in order with
+                               512 KiB O_DIRECT preads, then the next block (fastsafetensors')
+  read:buffered-streams        the same, buffered, 4 MiB preads
 Cold needs root for /proc/sys/vm/drop_caches; otherwise each file is evicted
 with posix_fadvise(DONTNEED).
 """
@@ -43,15 +47,22 @@ import subprocess
 import sys
 import time
 
-from coldcache import make_cold, read_ahead_pattern, read_pattern, scrub_files
+from coldcache import (make_cold, read_ahead_pattern, read_pattern, read_stream_pattern,
+                       scrub_files)
 
 LOADERS = ["fst.load", "fst.iter_tensors", "fst.iter_into_params", "safetensors",
            "fastsafetensors", "instanttensor", "instanttensor.buffered", "runai",
-           "read:direct", "read:buffered", "read:willneed"]
+           "read:direct", "read:buffered", "read:willneed", "read:direct-small",
+           "read:direct-streams", "read:buffered-streams"]
 MiB = 1 << 20
 PATTERNS = {"read:direct": lambda f: read_pattern(f, 16, 64 * MiB, True, False),
             "read:buffered": lambda f: read_pattern(f, 16, 64 * MiB, False, False),
-            "read:willneed": lambda f: read_ahead_pattern(f, 16, 4 * MiB, 1 << 30)}
+            "read:willneed": lambda f: read_ahead_pattern(f, 16, 4 * MiB, 1 << 30),
+            "read:direct-small": lambda f: read_pattern(f, 16, 512 << 10, True, False),
+            "read:direct-streams": lambda f: read_stream_pattern(f, 16, 512 << 10, 256 * MiB,
+                                                                 True),
+            "read:buffered-streams": lambda f: read_stream_pattern(f, 16, 4 * MiB, 256 * MiB,
+                                                                   False)}
 
 # safetensors dtype names as torch dtypes (for the preallocated parameters)
 TORCH_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",

@@ -520,9 +520,21 @@ typedef struct fst_load_opts {
 	 * Ignored for files in the page cache and for O_DIRECT (since 0.1).
 	 */
 	uint64_t readahead_bytes;
+	/*
+	 * How the reader threads share the work. 0 or FST_STREAM_OFF: every
+	 * thread takes the next chunk in file order from one queue, so the
+	 * storage sees one stream. Otherwise each thread reads a stretch of
+	 * this many bytes in order before taking the next stretch, so the
+	 * storage sees one sequential stream per thread; a thread with no
+	 * stretch left helps finish the one with the most left. Cold files
+	 * read with readahead ask for each stretch when it is taken
+	 * (docs/design.md, "Cold reads"). At least one chunk (since 0.1).
+	 */
+	uint64_t stream_bytes;
 } fst_load_opts;
 
 #define FST_READAHEAD_OFF UINT64_MAX
+#define FST_STREAM_OFF UINT64_MAX
 
 /* Fill opts with the defaults (since 0.1). */
 FST_API void fst_load_opts_init(fst_load_opts *opts);

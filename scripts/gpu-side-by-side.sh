@@ -44,28 +44,7 @@ peers() {
 case $STEP in
 1)
 	date +%T >"$OUT/times.txt"
-	if [ "${WHEEL_CHECK:-0}" = 1 ]; then
-		OUT=$RES/wheel timeout 150 bash scripts/gpu-wheel.sh >"$OUT/wheel.txt" 2>&1
-		cat "$RES/wheel/wheel.txt" >>"$OUT/wheel.txt" 2>/dev/null
-	else
-		py=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-		whl=$(ls dist/fst_loader-*-"$py"-"$py"-*manylinux_2_28_x86_64.whl | tail -1)
-		{
-			sha256sum "$whl"
-			python3 -m pip install -q --no-index --no-deps --force-reinstall "$whl" 2>&1
-			"$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/fst" --version
-		} >"$OUT/wheel.txt" 2>&1
-	fi
-	{
-		nproc
-		free -g
-		lsblk -o NAME,SIZE,ROTA,TYPE,MOUNTPOINT
-		for f in nr_requests max_sectors_kb read_ahead_kb scheduler; do
-			echo "$f $(cat /sys/block/vda/queue/$f 2>/dev/null)"
-		done
-		nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.current \
-			--format=csv
-	} >"$OUT/machine.txt" 2>&1
+	OUT=$OUT bash scripts/gpu-install.sh
 	peers gpt-oss-20b warm 420
 	cp "$RES/checkpoints.txt" "$OUT/" 2>/dev/null
 	# where a process's first load loses time against its later ones: when

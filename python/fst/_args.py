@@ -12,6 +12,7 @@ _IO = {"auto": 0, "pread": 1, "uring": 2, "mmap": 3}
 _GDS = {"auto": 0, "on": 1, "off": 2}
 _UNIFIED = {"auto": 0, "on": 1, "off": 2}  # enum fst_unified
 _READAHEAD_OFF = 2 ** 64 - 1  # FST_READAHEAD_OFF
+_STREAM_OFF = 2 ** 64 - 1  # FST_STREAM_OFF
 _MAX_THREADS = 64  # libfst's limit (MAX_THREADS in its engine)
 _DEVICES = "'cpu', 'cuda', 'cuda:N', an int N or a torch.device"
 
@@ -94,7 +95,7 @@ def _names(names) -> Optional[list]:
 
 
 _LOAD_OPTIONS = ("io", "threads", "staging_bytes", "chunk_bytes", "gds", "align", "names",
-                 "torch_allocator", "unified", "readahead_bytes")
+                 "torch_allocator", "unified", "readahead_bytes", "stream_bytes")
 # How remote files are reached (fst.Checkpoint's keywords), where a path is a URL.
 _OPEN_OPTIONS = ("endpoint", "region", "profile", "unsigned")
 
@@ -134,7 +135,7 @@ def _unified(kw: dict) -> bool:
 
 def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk_bytes=0,
                  gds="auto", align=0, names=None, torch_allocator=True, mmap_private=False,
-                 unified="auto", readahead_bytes=0):
+                 unified="auto", readahead_bytes=0, stream_bytes=0):
     """The low-level load's keyword arguments, every one checked; the
     allocator is added by _prepare, once torch is known to be there."""
     dev = _device(device)
@@ -152,13 +153,16 @@ def _load_kwargs(device, framework, io="auto", threads=0, staging_bytes=0, chunk
         kw["mmap_private"] = True
     if unified != "auto":
         kw["unified"] = _choice("unified", unified, _UNIFIED)
-    if isinstance(readahead_bytes, str) and readahead_bytes == "off":
-        kw["readahead_bytes"] = _READAHEAD_OFF
-    else:
-        ra = _count("readahead_bytes", readahead_bytes,
-                    "a byte count >= 0 (0: libfst's default, 1 GiB), or 'off'", _READAHEAD_OFF - 1)
-        if ra:
-            kw["readahead_bytes"] = ra
+    for name, value, off, default in (("readahead_bytes", readahead_bytes, _READAHEAD_OFF,
+                                       "libfst's default, 1 GiB"),
+                                      ("stream_bytes", stream_bytes, _STREAM_OFF,
+                                       "libfst's default, one queue")):
+        if isinstance(value, str) and value == "off":
+            kw[name] = off
+        else:
+            v = _count(name, value, f"a byte count >= 0 (0: {default}), or 'off'", off - 1)
+            if v:
+                kw[name] = v
     kw["torch_allocator"] = bool(torch_allocator)
     _check_target(dev, framework, framework == "numpy" and dev.startswith("cuda") and _unified(kw))
     return kw

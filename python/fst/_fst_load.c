@@ -98,18 +98,18 @@ static int parse_load_args(PyObject *args, PyObject *kw, CheckpointObject **ck,
 {
 	static char *kwlist[] = {"checkpoint", "device", "io", "threads", "chunk_bytes",
 				 "staging_bytes", "gds", "align", "names", "allocator",
-				 "mmap_private", "unified", "readahead_bytes", NULL};
+				 "mmap_private", "unified", "readahead_bytes", "stream_bytes", NULL};
 	const char *device = "cpu";
 	int io = 0, gds = 0;
 	unsigned threads = 0, align = 0;
-	unsigned long long chunk = 0, staging = 0, readahead = 0;
+	unsigned long long chunk = 0, staging = 0, readahead = 0, stream = 0;
 	PyObject *names = Py_None, *allocator = Py_None;
 	int mmap_private = 0, unified = 0;
 	memset(la, 0, sizeof *la); /* free_load_args must find it clean on every failure */
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|siIKKiIOOpiK", kwlist,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|siIKKiIOOpiKK", kwlist,
 					 &fstpy_CheckpointType, ck, &device, &io, &threads, &chunk,
 					 &staging, &gds, &align, &names, &allocator, &mmap_private,
-					 &unified, &readahead))
+					 &unified, &readahead, &stream))
 		return -1;
 	fst_load_opts_init(&la->opts);
 	snprintf(la->device, sizeof la->device, "%s", device);
@@ -123,6 +123,7 @@ static int parse_load_args(PyObject *args, PyObject *kw, CheckpointObject **ck,
 	la->opts.mmap_private = mmap_private;
 	la->opts.unified = unified;
 	la->opts.readahead_bytes = readahead;
+	la->opts.stream_bytes = stream;
 	if (names != Py_None) {
 		la->names.set = PyFrozenSet_New(names);
 		if (!la->names.set)

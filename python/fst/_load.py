@@ -109,14 +109,15 @@ def _remote(options: dict) -> dict:
 
 def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_bytes=0,
          chunk_bytes=0, gds="auto", align=0, names: Optional[Iterable[str]] = None,
-         torch_allocator=True, unified="auto", readahead_bytes=0, endpoint=None, region=None,
-         profile=None, unsigned=False) -> Dict[str, object]:
+         torch_allocator=True, unified="auto", readahead_bytes=0, stream_bytes=0, endpoint=None,
+         region=None, profile=None, unsigned=False) -> Dict[str, object]:
     """Load every tensor (or those in `names`) of a checkpoint: a dict of
     name -> torch tensor or numpy array, zero-copy over one allocation.
     endpoint, region, profile and unsigned are for URLs (Checkpoint)."""
     fw = _framework(framework)
     kw = _load_kwargs(device, fw, io, threads, staging_bytes, chunk_bytes, gds, align, names,
-                      torch_allocator, unified=unified, readahead_bytes=readahead_bytes)
+                      torch_allocator, unified=unified, readahead_bytes=readahead_bytes,
+                      stream_bytes=stream_bytes)
     if fw == "pt":
         _need_torch()  # before the file: without torch nothing of it can be used
     ck = _open(path, dict(endpoint=endpoint, region=region, profile=profile, unsigned=unsigned))

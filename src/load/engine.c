@@ -36,27 +36,74 @@ int fsti_engine_fd(const struct fsti_engine *e, uint32_t file)
 
 /* ---- workers */
 
-/* Chunk i was just taken: keep the kernel fetching e->ahead chunks beyond
- * it. The first chunk's taker asks for the whole first window. */
-static void prefetch_ahead(struct fsti_engine *e, size_t i)
+/* Chunk i of the stretch [lo, hi) of the plan was just taken: keep the
+ * kernel fetching `ahead` chunks beyond it. The taker of the stretch's first
+ * chunk asks for the whole first window. */
+static void prefetch_ahead(struct fsti_engine *e, size_t i, size_t lo, size_t hi, size_t ahead)
 {
-	if (!e->ahead)
-		return;
-	size_t from = i ? i + e->ahead : 1, to = i + e->ahead;
-	for (size_t k = from; k <= to && k < e->plan.nc; k++) {
+	size_t from = i > lo ? i + ahead : i + 1, to = i + ahead;
+	for (size_t k = from; k <= to && k < hi; k++) {
 		const struct fsti_chunk *c = &e->plan.c[k];
 		e->reader->prefetch(&e->src, c->file, c->file_off, c->len);
+	}
+}
+
+static size_t run_end(const struct fsti_engine *e, size_t r)
+{
+	return FSTI_MIN((r + 1) * e->run_chunks, e->plan.nc);
+}
+
+/* The next chunk for a worker, or plan.nc once every chunk is taken. With
+ * streams, *run is the worker's run (SIZE_MAX before its first): it reads
+ * that run in order, then takes the next fresh one; with none left it
+ * joins the run with the most chunks left, so no worker idles while one
+ * finishes a long run alone. Every chunk is taken exactly once: each run's
+ * counter hands out its chunks. */
+static size_t take_chunk(struct fsti_engine *e, size_t *run)
+{
+	if (!e->run_chunks) {
+		size_t i = atomic_fetch_add(&e->next_chunk, 1);
+		if (e->ahead && i < e->plan.nc)
+			prefetch_ahead(e, i, 0, e->plan.nc, e->ahead);
+		return i;
+	}
+	for (;;) {
+		if (*run < e->nruns) {
+			size_t i = atomic_fetch_add(&e->run_next[*run], 1);
+			size_t end = run_end(e, *run);
+			if (i < end) {
+				if (e->ahead)
+					prefetch_ahead(e, i, *run * e->run_chunks, end, e->ahead);
+				return i;
+			}
+		}
+		size_t r = atomic_fetch_add(&e->next_run, 1);
+		if (r < e->nruns) {
+			*run = r;
+			continue;
+		}
+		size_t most = 0;
+		*run = SIZE_MAX;
+		for (size_t k = 0; k < e->nruns; k++) {
+			size_t next = atomic_load(&e->run_next[k]), end = run_end(e, k);
+			if (next < end && end - next > most) {
+				most = end - next;
+				*run = k;
+			}
+		}
+		if (*run == SIZE_MAX)
+			return e->plan.nc;
 	}
 }
 
 /* Direct mode: pread straight into the destination, nothing in between. */
 static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 {
+	size_t run = SIZE_MAX;
 	while (!atomic_load(&e->stop)) {
-		size_t i = atomic_fetch_add(&e->next_chunk, 1);
+		size_t i = take_chunk(e, &run);
 		if (i >= e->plan.nc)
 			return 0;
-		prefetch_ahead(e, i);
 		const struct fsti_chunk *c = &e->plan.c[i];
 		char *dst = e->write_base + c->dst_off;
 		int rc = 0;
@@ -94,12 +141,12 @@ static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_erro
 {
 	const struct fsti_chunk *inflight[FSTI_SLOTS] = {0};
 	int head = 0, count = 0, rc = 0;
+	size_t run = SIZE_MAX;
 	for (;;) {
 		while (!rc && count < FSTI_SLOTS - 1 && !atomic_load(&e->stop)) {
-			size_t i = atomic_fetch_add(&e->next_chunk, 1);
+			size_t i = take_chunk(e, &run);
 			if (i >= e->plan.nc)
 				break;
-			prefetch_ahead(e, i);
 			const struct fsti_chunk *c = &e->plan.c[i];
 			if (fsti_gds_wanted(e, c)) {
 				/* cuFile: synchronous, straight into the tensors */
@@ -208,6 +255,7 @@ static void engine_free(struct fsti_engine *e)
 	fst_buffer_release(e->buf);
 	fsti_plan_free(&e->plan);
 	fsti_free((void *)e->remaining);
+	fsti_free((void *)e->run_next);
 	fsti_free(e->ready);
 	fsti_free(e->threads);
 	pthread_mutex_destroy(&e->lock);
@@ -323,14 +371,19 @@ static void describe(struct fsti_engine *e)
 	if (e->unified)
 		how = e->sink ? " to landing slots, copied once into host memory mapped for the GPU"
 			      : " straight into host memory mapped for the GPU, no copy";
-	char ahead[48] = "";
+	char ahead[48] = "", streams[48] = "";
 	if (e->ahead) {
 		memcpy(ahead, ", readahead ", 13);
-		size_text(ahead + 12, sizeof ahead - 12, (uint64_t)e->ahead * e->opts.chunk_bytes);
+		size_text(ahead + 12, sizeof ahead - 12,
+			  (uint64_t)e->ahead * e->opts.chunk_bytes * (e->run_chunks ? e->nthreads : 1));
 	}
-	snprintf(e->describe, sizeof e->describe, "%s%s%s, %u thread%s, %s chunks%s: %s%s%s%s%s",
+	if (e->run_chunks) {
+		memcpy(streams, ", streams of ", 14);
+		size_text(streams + 13, sizeof streams - 13, (uint64_t)e->run_chunks * e->opts.chunk_bytes);
+	}
+	snprintf(e->describe, sizeof e->describe, "%s%s%s, %u thread%s, %s chunks%s%s: %s%s%s%s%s",
 		 fsti_gds_direct_count(e->gds) ? "cuFile where registered, else " : "", e->reader->name,
-		 how, e->nthreads, e->nthreads == 1 ? "" : "s", chunk, ahead, e->why,
+		 how, e->nthreads, e->nthreads == 1 ? "" : "s", chunk, streams, ahead, e->why,
 		 e->platform_why[0] ? "; " : "", e->platform_why,
 		 fsti_gds_why(e->gds)[0] ? "; " : "", fsti_gds_why(e->gds));
 }
@@ -433,6 +486,15 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	}
 	/* no more threads than chunks */
 	e->nthreads = FSTI_MIN(e->opts.threads, (unsigned)FSTI_MIN(e->plan.nc, (size_t)UINT_MAX));
+	/* Streams: runs of stream_bytes, each read in order by one worker;
+	 * the readahead window is shared among them. */
+	if (!rc && e->opts.stream_bytes && e->opts.stream_bytes != FST_STREAM_OFF &&
+	    e->opts.io != FST_IO_MMAP && e->plan.nc) {
+		e->run_chunks = (size_t)FSTI_MAX(e->opts.stream_bytes / e->opts.chunk_bytes, (uint64_t)1);
+		e->nruns = (e->plan.nc + e->run_chunks - 1) / e->run_chunks;
+		if (e->ahead)
+			e->ahead = FSTI_MAX(e->ahead / FSTI_MAX(e->nthreads, 1u), (size_t)1);
+	}
 	if (!rc)
 		describe(e);
 	*rcp = rc;
@@ -513,10 +575,15 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 	snprintf(e->buf->describe, sizeof e->buf->describe, "%s", e->describe);
 	e->ready = fsti_calloc(e->plan.nt + 1, sizeof *e->ready);
 	e->remaining = fsti_calloc(e->plan.nt + 1, sizeof *e->remaining);
+	if (e->nruns) {
+		e->run_next = fsti_calloc(e->nruns, sizeof *e->run_next);
+		for (size_t r = 0; e->run_next && r < e->nruns; r++)
+			atomic_init(&e->run_next[r], r * e->run_chunks);
+	}
 	e->src.ck = ck;
 	e->src.stop = &e->stop;
 	e->src.direct = fsti_direct_fds_new(fst_checkpoint_file_count(ck));
-	if (!e->ready || !e->remaining || !e->src.direct) {
+	if (!e->ready || !e->remaining || !e->src.direct || (e->nruns && !e->run_next)) {
 		rc = fsti_err(err, FST_ENOMEM, "out of memory for the loader");
 		goto fail;
 	}

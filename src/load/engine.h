@@ -115,6 +115,13 @@ struct fsti_engine {
 	pthread_t *threads;
 	unsigned started;
 	atomic_size_t next_chunk;
+	/* Streams (opts.stream_bytes): the plan cut into runs of run_chunks
+	 * consecutive chunks, run r's next chunk in run_next[r]; a worker
+	 * takes runs in order from next_run (run_chunks 0: no streams, every
+	 * worker takes from next_chunk). */
+	size_t run_chunks, nruns;
+	atomic_size_t next_run;
+	atomic_size_t *run_next;
 	/* readahead of cold files read through the page cache: the chunk that
 	 * is taken asks the kernel for the one this many chunks later (0: off) */
 	size_t ahead;

@@ -141,7 +141,9 @@ def test_load_options(small):
                                   ["--pinned", "--io", "pread"],
                                   ["--gds", "off"],
                                   ["--device", "cpu", "--no-progress"],
-                                  ["--chunk", "1GiB"]):
+                                  ["--chunk", "1GiB"],
+                                  ["--stream", "8KiB", "--chunk", "4KiB", "--threads", "3"],
+                                  ["--stream", "off"]):
         r = fst("load", small, "--json", *extra)
         assert r.returncode == 0, (extra, r.stderr)
         assert json.loads(r.stdout)["bytes"] == nbytes
@@ -151,7 +153,7 @@ def test_load_help():
     r = fst("load", "--help")
     assert r.returncode == 0
     for opt in ("--device", "--io", "--threads", "--chunk", "--staging", "--pinned", "--gds",
-                "--json", "--no-progress"):
+                "--stream", "--json", "--no-progress"):
         assert opt in r.stdout, opt
 
 
@@ -184,6 +186,8 @@ def test_verify_ok(small, misaligned, io, which):
     (["--chunk", "2GiB"], '--chunk "2GiB"'),
     (["--staging", "1K"], '--staging "1K"'),
     (["--gds", "maybe"], '--gds "maybe"'),
+    (["--stream", "0"], '--stream "0"'),
+    (["--stream", "on"], '--stream "on"'),
     (["--bogus"], "usage:"),
 ])
 def test_usage_errors(small, cmd, args, needle):

@@ -78,7 +78,8 @@ int cli_open_checkpoint(const char *path, fst_checkpoint **out, fst_error *err);
 	{"pinned", no_argument, NULL, 1006},                          \
 	{"gds", required_argument, NULL, 1007},                       \
 	{"unified", required_argument, NULL, 1008},                   \
-	{"readahead", required_argument, NULL, 1009}
+	{"readahead", required_argument, NULL, 1009},                 \
+	{"stream", required_argument, NULL, 1010}
 #define CLI_LOAD_OPTIONS_HELP                                                          \
 	"  --device DEV    cpu (default), cuda or cuda:N\n"                                \
 	"  --io METHOD     auto (default), pread, uring or mmap (cpu only)\n"              \
@@ -92,6 +93,8 @@ int cli_open_checkpoint(const char *path, fst_checkpoint **out, fst_error *err);
 	"                  on integrated/coherent GPUs (docs/platforms.md)\n"              \
 	"  --readahead SIZE cold files read through the page cache: fetch this far\n"    \
 	"                  ahead of the readers (default 1GiB), or off\n"                 \
+	"  --stream SIZE   each thread reads SIZE in order before taking the next\n"     \
+	"                  stretch: one stream per thread (default off: one queue)\n"    \
 	CLI_REMOTE_OPTIONS_HELP
 
 /* Apply one of CLI_LOAD_OPTIONS; returns EXIT_OK, EXIT_USAGE (message

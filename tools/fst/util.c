@@ -239,6 +239,16 @@ int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *o)
 			o->readahead_bytes = v;
 		}
 		return EXIT_OK;
+	case 1010:
+		if (!strcmp(arg, "off")) {
+			o->stream_bytes = FST_STREAM_OFF;
+		} else if (!cli_parse_size(arg, &v) || !v) {
+			cli_error(cmd, "--stream \"%s\": expected a size of at least 1B, or off", arg);
+			return EXIT_USAGE;
+		} else {
+			o->stream_bytes = v;
+		}
+		return EXIT_OK;
 	default:
 		return -1;
 	}
