@@ -9,7 +9,7 @@
 #           checkpoints, round 1
 #   STEP=N  round N, continuing the JSON (--append; odd rounds run the
 #           loaders in reverse order)
-# A round of 12 loaders took about 220 s on the H200 machine (a cold pass with
+# A round of 14 loaders takes about 260 s on the H200 machine (a cold pass with
 # its scrub 16-20 s: bench/results/h200-2026-12-02-sbs). Results: OUT/
 # cold-rounds-MODEL.txt and .json, times.txt.
 set -uo pipefail
@@ -19,7 +19,7 @@ WORK=${WORK:-/tmp/fst-cold-work}
 MODEL=${MODEL:-gpt-oss-20b}
 LIMIT=${LIMIT:-540}
 STREAMS=268435456
-LOADERS=${LOADERS:-fst.load,fst.load:io=uring:chunk_bytes=524288:stream_bytes=$STREAMS,fst.load:io=uring:chunk_bytes=1048576:stream_bytes=$STREAMS,fst.load:io=uring:stream_bytes=$STREAMS,fst.load:io=uring,fst.load:stream_bytes=$STREAMS,fastsafetensors,runai,read:willneed,read:direct-streams,read:direct-small,read:buffered-streams}
+LOADERS=${LOADERS:-fst.load,fst.load:io=uring:chunk_bytes=524288:stream_bytes=$STREAMS,fst.load:io=uring:chunk_bytes=1048576:stream_bytes=$STREAMS,fst.load:io=uring:stream_bytes=$STREAMS,fst.load:io=uring,fst.load:stream_bytes=$STREAMS,fst.load:io=uring:chunk_bytes=524288,fst.load:readahead_bytes=67108864,fastsafetensors,runai,read:willneed,read:direct-streams,read:direct-small,read:buffered-streams}
 RES=$WORK/rounds
 mkdir -p "$OUT" "$RES"
 export WORK
