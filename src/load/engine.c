@@ -2,7 +2,8 @@
  * engine.c - the loading pipeline: the choice of read path, the plan, the
  * destination, reader threads, and the loader API over them.
  *
- * Workers take chunks in plan order from one atomic counter, ask the sink
+ * Workers take chunks in plan order from one atomic counter (with streams,
+ * opts.stream_bytes: stretches of the plan, each read in order), ask the sink
  * where the bytes go (the destination itself on the CPU, a staging slot for
  * a GPU), read them there, and hand them to the sink. The sink reports each
  * chunk once its bytes are in their final place; only then does the engine
@@ -320,8 +321,10 @@ static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 	default: {
 		/* auto: pread either way. Files mostly in the page cache: one
 		 * kernel copy, in parallel. Files mostly not: readahead keeps the
-		 * disk's queue deep while the workers copy what has landed, which
-		 * beat O_DIRECT through io_uring on every pattern measured
+		 * disk's queue deep while the workers copy what has landed: steady
+		 * on every disk measured, and it leaves the model in the page
+		 * cache for the next start; O_DIRECT with small requests won on
+		 * some disks on average but swung from pass to pass
 		 * (docs/design.md, "Cold reads"). With readahead off, cold files
 		 * go to O_DIRECT through io_uring, where it can be set up. */
 		double cached = e->cached = fsti_cached_fraction(e->ck);
