@@ -168,6 +168,22 @@ int cli_open_checkpoint(const char *path, fst_checkpoint **out, fst_error *err)
 	return fst_checkpoint_open_ex(path, remote_opts(), out, err);
 }
 
+/* A size of at least 1 byte, or "off" (the option's off value). */
+static int size_or_off(const char *cmd, const char *opt, const char *arg, uint64_t off,
+		       uint64_t *out)
+{
+	uint64_t v;
+	if (!strcmp(arg, "off")) {
+		*out = off;
+	} else if (!cli_parse_size(arg, &v) || !v) {
+		cli_error(cmd, "%s \"%s\": expected a size of at least 1B, or off", opt, arg);
+		return EXIT_USAGE;
+	} else {
+		*out = v;
+	}
+	return EXIT_OK;
+}
+
 int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *o)
 {
 	uint64_t v;
@@ -230,25 +246,9 @@ int cli_load_option(const char *cmd, int c, const char *arg, fst_load_opts *o)
 		}
 		return EXIT_OK;
 	case 1009:
-		if (!strcmp(arg, "off")) {
-			o->readahead_bytes = FST_READAHEAD_OFF;
-		} else if (!cli_parse_size(arg, &v) || !v) {
-			cli_error(cmd, "--readahead \"%s\": expected a size of at least 1B, or off", arg);
-			return EXIT_USAGE;
-		} else {
-			o->readahead_bytes = v;
-		}
-		return EXIT_OK;
+		return size_or_off(cmd, "--readahead", arg, FST_READAHEAD_OFF, &o->readahead_bytes);
 	case 1010:
-		if (!strcmp(arg, "off")) {
-			o->stream_bytes = FST_STREAM_OFF;
-		} else if (!cli_parse_size(arg, &v) || !v) {
-			cli_error(cmd, "--stream \"%s\": expected a size of at least 1B, or off", arg);
-			return EXIT_USAGE;
-		} else {
-			o->stream_bytes = v;
-		}
-		return EXIT_OK;
+		return size_or_off(cmd, "--stream", arg, FST_STREAM_OFF, &o->stream_bytes);
 	default:
 		return -1;
 	}
