@@ -527,8 +527,9 @@ typedef struct fst_load_opts {
 	 * this many bytes in order before taking the next stretch, so the
 	 * storage sees one sequential stream per thread; a thread with no
 	 * stretch left helps finish the one with the most left. Cold files
-	 * read with readahead ask for each stretch when it is taken
-	 * (docs/design.md, "Cold reads"). At least one chunk (since 0.1).
+	 * read with readahead: each stream asks ahead its share of
+	 * readahead_bytes (docs/design.md, "Cold reads"). At least one
+	 * chunk (since 0.1).
 	 */
 	uint64_t stream_bytes;
 } fst_load_opts;

@@ -187,6 +187,15 @@ void lh_files_read(const fst_checkpoint *ck, lh_files *fs)
 		fs->bytes[i] = lh_slurp(fst_file_path(fst_checkpoint_file(ck, i)), &fs->size[i]);
 }
 
+void lh_evict(const fst_checkpoint *ck)
+{
+	for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++) {
+		int fd = fst_file_fd(fst_checkpoint_file(ck, i));
+		assert_int_equal(fsync(fd), 0);
+		assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+	}
+}
+
 void lh_files_free(lh_files *fs)
 {
 	for (size_t i = 0; i < fs->n; i++)

@@ -109,6 +109,9 @@ unsigned char *lh_slurp(const char *path, uint64_t *size);
 /* Every file of ck, in checkpoint order; lh_files_free frees them. */
 void lh_files_read(const fst_checkpoint *ck, lh_files *fs);
 void lh_files_free(lh_files *fs);
+/* Drop ck's files' pages from the page cache (written back first: dirty
+ * pages are not dropped). */
+void lh_evict(const fst_checkpoint *ck);
 
 /* The file bytes of checkpoint tensor i. */
 const unsigned char *lh_expected(const fst_checkpoint *ck, const lh_files *fs, size_t i,

@@ -111,15 +111,6 @@ static void warm(const fst_checkpoint *ck)
 	lh_files_free(&fs);
 }
 
-/* Drop the files' pages from the page cache. */
-static void evict(const fst_checkpoint *ck)
-{
-	for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++) {
-		int fd = fst_file_fd(fst_checkpoint_file(ck, i));
-		assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-	}
-}
-
 /* The loop; returns how many N failed. */
 static int fault_loop(const struct site_case *sc, unsigned threads)
 {
@@ -366,7 +357,7 @@ static void test_persistent(void **state)
 			o.threads = threads;
 			o.chunk_bytes = 16384;
 			if (o.io == FST_IO_URING)
-				evict(ck); /* so O_DIRECT reads take a while */
+				lh_evict(ck); /* so O_DIRECT reads take a while */
 			else if (o.io == FST_IO_AUTO)
 				warm(ck);
 			assert_int_equal(fst_fault_set(cases[i].spec, NULL), 0);

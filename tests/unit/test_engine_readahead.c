@@ -16,15 +16,6 @@
 /* io/residency.c: the suite links the static library. */
 double fsti_cached_fraction(const fst_checkpoint *ck);
 
-static void evict(const fst_checkpoint *ck)
-{
-	for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++) {
-		int fd = fst_file_fd(fst_checkpoint_file(ck, i));
-		assert_int_equal(fsync(fd), 0); /* dirty pages are not dropped */
-		assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-	}
-}
-
 /* Load ck with o, every prefetch refused (fault site "prefetch" armed for
  * every call), check every byte, and return how many prefetches were asked. */
 static long load_counting(const fst_checkpoint *ck, const fst_load_opts *o, bool cold,
@@ -33,7 +24,7 @@ static long load_counting(const fst_checkpoint *ck, const fst_load_opts *o, bool
 	lh_files fs;
 	lh_files_read(ck, &fs); /* reads the files: evict after */
 	if (cold)
-		evict(ck);
+		lh_evict(ck);
 	fst_error err;
 	assert_int_equal(fst_fault_set("prefetch:1+", &err), 0);
 	fst_buffer *buf;

@@ -81,13 +81,16 @@ static void test_streams_give_the_files_bytes(void **state)
 	}
 }
 
-static void evict(void)
+/* io=pread, 3 threads, 16 KiB chunks, stretches of `chunks` chunks. */
+static fst_load_opts pread_streams(uint64_t chunks)
 {
-	for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++) {
-		int fd = fst_file_fd(fst_checkpoint_file(ck, i));
-		assert_int_equal(fsync(fd), 0);
-		assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-	}
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.io = FST_IO_PREAD;
+	o.threads = 3;
+	o.chunk_bytes = 16 << 10;
+	o.stream_bytes = chunks * o.chunk_bytes;
+	return o;
 }
 
 static void test_cold_streams_read_ahead(void **state)
@@ -95,15 +98,10 @@ static void test_cold_streams_read_ahead(void **state)
 	(void)state;
 	if (fsti_cached_fraction(ck) < 0)
 		skip(); /* residency cannot be told here: no readahead decision */
-	fst_load_opts o;
-	fst_load_opts_init(&o);
-	o.io = FST_IO_PREAD;
-	o.threads = 3;
-	o.chunk_bytes = 16 << 10;
-	o.stream_bytes = 4 * o.chunk_bytes;
+	fst_load_opts o = pread_streams(4);
 	lh_files fs;
 	lh_files_read(ck, &fs);
-	evict();
+	lh_evict(ck);
 	fst_error err;
 	assert_int_equal(fst_fault_set("prefetch:1+", &err), 0); /* counts, refuses */
 	fst_buffer *buf;
@@ -125,12 +123,7 @@ static void test_cold_streams_read_ahead(void **state)
 static void test_streams_out_of_memory(void **state)
 {
 	(void)state;
-	fst_load_opts o;
-	fst_load_opts_init(&o);
-	o.io = FST_IO_PREAD;
-	o.threads = 3;
-	o.chunk_bytes = 16 << 10;
-	o.stream_bytes = 2 * o.chunk_bytes;
+	fst_load_opts o = pread_streams(2);
 	lh_files fs;
 	lh_files_read(ck, &fs);
 	/* fail allocation N = 1, 2, ... until the load succeeds: every
