@@ -45,6 +45,8 @@ double fsti_now(void);
 
 void fsti_log(int level, const char *fmt, ...) FSTI_PRINTF(2, 3);
 bool fsti_log_enabled(int level);
+/* bytes for a message: "N MiB" when a whole number of MiB, else "N KiB". */
+void fsti_size_text(char *buf, size_t size, uint64_t bytes);
 
 /* ---- memory (mem.c): the one path for host allocations, so faults can be
  * injected and allocations counted in tests. */
@@ -85,6 +87,7 @@ enum fsti_env {
 	FSTI_ENV_DIST_GROUP_BYTES, /* FST_DIST_GROUP_BYTES */
 	FSTI_ENV_UNIFIED,         /* FST_UNIFIED */
 	FSTI_ENV_STAGING_PAGES,   /* FST_STAGING_PAGES */
+	FSTI_ENV_COLD_PROBE,      /* FST_COLD_PROBE */
 	FSTI_ENV_CURL_LIBRARY,    /* FST_CURL_LIBRARY */
 	/* remote sources (net/): the AWS SDKs' own variables, and HOME */
 	FSTI_ENV_AWS_ACCESS_KEY_ID,

@@ -72,3 +72,11 @@ double fsti_now(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+void fsti_size_text(char *buf, size_t size, uint64_t bytes)
+{
+	if (bytes % (1u << 20))
+		snprintf(buf, size, "%llu KiB", (unsigned long long)(bytes >> 10));
+	else
+		snprintf(buf, size, "%llu MiB", (unsigned long long)(bytes >> 20));
+}

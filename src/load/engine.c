@@ -62,21 +62,13 @@ static size_t run_end(const struct fsti_engine *e, size_t r)
  * counter hands out its chunks. */
 static size_t take_chunk(struct fsti_engine *e, size_t *run)
 {
-	if (!e->run_chunks) {
-		size_t i = atomic_fetch_add(&e->next_chunk, 1);
-		if (e->ahead && i < e->plan.nc)
-			prefetch_ahead(e, i, 0, e->plan.nc, e->ahead);
-		return i;
-	}
+	if (!e->run_chunks)
+		return atomic_fetch_add(&e->next_chunk, 1);
 	for (;;) {
 		if (*run < e->nruns) {
 			size_t i = atomic_fetch_add(&e->run_next[*run], 1);
-			size_t end = run_end(e, *run);
-			if (i < end) {
-				if (e->ahead)
-					prefetch_ahead(e, i, *run * e->run_chunks, end, e->ahead);
+			if (i < run_end(e, *run))
 				return i;
-			}
 		}
 		size_t r = atomic_fetch_add(&e->next_run, 1);
 		if (r < e->nruns) {
@@ -97,6 +89,23 @@ static size_t take_chunk(struct fsti_engine *e, size_t *run)
 	}
 }
 
+/* Chunk i (of the worker's run) is about to be read: keep the readahead
+ * window ahead of it, inside its stretch of the plan (the run, the probe's
+ * stretch, or the whole plan). */
+static void chunk_prefetch(struct fsti_engine *e, size_t i, size_t run)
+{
+	if (!e->ahead)
+		return;
+	size_t lo = 0, hi = e->plan.nc;
+	bool ahead = true;
+	if (e->probe.on)
+		fsti_probe_stretch(e, i, &lo, &hi, &ahead);
+	else if (run < e->nruns)
+		lo = run * e->run_chunks, hi = run_end(e, run);
+	if (ahead)
+		prefetch_ahead(e, i, lo, hi, e->ahead);
+}
+
 /* Direct mode: pread straight into the destination, nothing in between. */
 static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 {
@@ -105,6 +114,7 @@ static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 		size_t i = take_chunk(e, &run);
 		if (i >= e->plan.nc)
 			return 0;
+		chunk_prefetch(e, i, run);
 		const struct fsti_chunk *c = &e->plan.c[i];
 		char *dst = e->write_base + c->dst_off;
 		int rc = 0;
@@ -133,21 +143,44 @@ static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 	return 0;
 }
 
+/* A worker's readers: the load's, and under the cold probe the O_DIRECT
+ * one beside it (NULL state without). */
+struct worker_readers {
+	void *state;
+	void *direct_state;
+};
+
 /*
  * Slot mode: up to FSTI_SLOTS - 1 reads in flight, the oldest delivered
  * first; the spare slot's bytes may still be in flight to the destination
  * (a GPU copy), and the sink waits for that copy before the slot is reused.
+ * Under the cold probe a chunk whose stretch is not open yet is held until
+ * this worker's reads are all delivered, then waited for.
  */
-static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_error *err)
+static int run_slots(struct fsti_engine *e, const struct worker_readers *wr, void *sstate,
+		     fst_error *err)
 {
 	const struct fsti_chunk *inflight[FSTI_SLOTS] = {0};
+	size_t index[FSTI_SLOTS] = {0};
+	bool direct[FSTI_SLOTS] = {0};
 	int head = 0, count = 0, rc = 0;
-	size_t run = SIZE_MAX;
+	size_t run = SIZE_MAX, held = SIZE_MAX;
 	for (;;) {
 		while (!rc && count < FSTI_SLOTS - 1 && !atomic_load(&e->stop)) {
-			size_t i = take_chunk(e, &run);
+			size_t i = held != SIZE_MAX ? held : take_chunk(e, &run);
+			held = SIZE_MAX;
 			if (i >= e->plan.nc)
 				break;
+			if (e->probe.on && !fsti_probe_open(e, i)) {
+				if (count) {
+					held = i;
+					break;
+				}
+				fsti_probe_wait_open(e, i);
+				if (atomic_load(&e->stop))
+					break;
+			}
+			chunk_prefetch(e, i, run);
 			const struct fsti_chunk *c = &e->plan.c[i];
 			if (fsti_gds_wanted(e, c)) {
 				/* cuFile: synchronous, straight into the tensors */
@@ -163,12 +196,18 @@ static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_erro
 				/* g == 1: this file now goes through staging */
 			}
 			int s = (head + count) % FSTI_SLOTS;
+			bool d = wr->direct_state && fsti_probe_direct(e, i);
+			const struct fsti_reader *rd = d ? &fsti_reader_uring : e->reader;
 			char *buf;
 			rc = e->sink->slot_buffer(e, sstate, s, &buf, err);
+			if (e->probe.on)
+				fsti_probe_began(e, i);
 			if (!rc)
-				rc = e->reader->start(&e->src, rstate, s, c->file, c->file_off, c->len, buf,
-						      err);
+				rc = rd->start(&e->src, d ? wr->direct_state : wr->state, s, c->file,
+					       c->file_off, c->len, buf, err);
 			inflight[s] = c;
+			index[s] = i;
+			direct[s] = d;
 			count++;
 		}
 		if (!count)
@@ -177,11 +216,15 @@ static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_erro
 		 * may still be writing into a slot when it is freed. */
 		const char *where;
 		fst_error werr;
-		int wrc = e->reader->wait(&e->src, rstate, head, &where, &werr);
+		const struct fsti_reader *rd = direct[head] ? &fsti_reader_uring : e->reader;
+		int wrc = rd->wait(&e->src, direct[head] ? wr->direct_state : wr->state, head, &where,
+				   &werr);
 		if (!rc && wrc) {
 			rc = wrc;
 			*err = werr;
 		}
+		if (!rc && e->probe.on)
+			fsti_probe_read_done(e, index[head]);
 		if (!rc && !atomic_load(&e->stop))
 			rc = e->sink->deliver(e, sstate, head, inflight[head], where, err);
 		inflight[head] = NULL;
@@ -196,14 +239,25 @@ static void *worker_main(void *arg)
 	fst_error err;
 	fsti_err_clear(&err);
 	void *rstate = NULL, *sstate = NULL;
+	struct worker_readers wr = {0};
 	int rc = e->reader->worker_init(&e->src, &rstate, &err);
 	if (!rc && !e->sink) {
 		rc = run_direct(e, rstate, &err);
 		e->reader->worker_fini(rstate);
 	} else if (!rc) {
-		rc = e->sink->worker_init(e, &sstate, &err);
+		wr.state = rstate;
+		if (e->probe.on) {
+			/* without a ring of its own, this worker reads its O_DIRECT
+			 * share through the page cache: the probe is only advice */
+			fst_error uerr;
+			if (fsti_reader_uring.worker_init(&e->src, &wr.direct_state, &uerr))
+				fsti_log(FST_LOG_WARN, "cold probe: %s; a reader thread reads "
+					 "through the page cache instead", uerr.message);
+		}
 		if (!rc)
-			rc = run_slots(e, rstate, sstate, &err);
+			rc = e->sink->worker_init(e, &sstate, &err);
+		if (!rc)
+			rc = run_slots(e, &wr, sstate, &err);
 		/* Wait for this worker's copies even after an error: nothing may
 		 * still be writing when the destination is released. */
 		fst_error derr;
@@ -213,6 +267,8 @@ static void *worker_main(void *arg)
 			err = derr;
 		}
 		e->reader->worker_fini(rstate);
+		if (wr.direct_state)
+			fsti_reader_uring.worker_fini(wr.direct_state);
 		e->sink->worker_fini(e, sstate);
 	}
 	if (rc)
@@ -353,13 +409,6 @@ static bool reads_ahead(const struct fsti_engine *e)
 	       e->cached < 0.5 && e->opts.readahead_bytes != FST_READAHEAD_OFF;
 }
 
-static void size_text(char *buf, size_t size, uint64_t bytes)
-{
-	if (bytes % (1u << 20))
-		snprintf(buf, size, "%" PRIu64 " KiB", bytes >> 10);
-	else
-		snprintf(buf, size, "%" PRIu64 " MiB", bytes >> 20);
-}
 
 static void describe(struct fsti_engine *e)
 {
@@ -369,7 +418,7 @@ static void describe(struct fsti_engine *e)
 		return;
 	}
 	char chunk[32];
-	size_text(chunk, sizeof chunk, e->opts.chunk_bytes);
+	fsti_size_text(chunk, sizeof chunk, e->opts.chunk_bytes);
 	const char *how = e->sink ? e->sink->how : "";
 	if (e->unified)
 		how = e->sink ? " to landing slots, copied once into host memory mapped for the GPU"
@@ -377,16 +426,23 @@ static void describe(struct fsti_engine *e)
 	char ahead[48] = "", streams[48] = "";
 	if (e->ahead) {
 		memcpy(ahead, ", readahead ", 13);
-		size_text(ahead + 12, sizeof ahead - 12,
+		fsti_size_text(ahead + 12, sizeof ahead - 12,
 			  (uint64_t)e->ahead * e->opts.chunk_bytes * (e->run_chunks ? e->nthreads : 1));
 	}
 	if (e->run_chunks) {
 		memcpy(streams, ", streams of ", 14);
-		size_text(streams + 13, sizeof streams - 13, (uint64_t)e->run_chunks * e->opts.chunk_bytes);
+		fsti_size_text(streams + 13, sizeof streams - 13, (uint64_t)e->run_chunks * e->opts.chunk_bytes);
 	}
-	snprintf(e->describe, sizeof e->describe, "%s%s%s, %u thread%s, %s chunks%s%s: %s%s%s%s%s",
+	char probe[120] = "";
+	if (e->probe.on) {
+		char stretch[32];
+		fsti_size_text(stretch, sizeof stretch, e->probe.stretch);
+		snprintf(probe, sizeof probe, ", the faster way kept after %s read each way", stretch);
+	}
+	snprintf(e->describe, sizeof e->describe, "%s%s%s%s, %u thread%s, %s chunks%s%s%s: %s%s%s%s%s",
 		 fsti_gds_direct_count(e->gds) ? "cuFile where registered, else " : "", e->reader->name,
-		 how, e->nthreads, e->nthreads == 1 ? "" : "s", chunk, streams, ahead, e->why,
+		 e->probe.on ? " or uring (O_DIRECT)" : "", how, e->nthreads,
+		 e->nthreads == 1 ? "" : "s", chunk, streams, ahead, probe, e->why,
 		 e->platform_why[0] ? "; " : "", e->platform_why,
 		 fsti_gds_why(e->gds)[0] ? "; " : "", fsti_gds_why(e->gds));
 }
@@ -498,6 +554,12 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		if (e->ahead)
 			e->ahead = FSTI_MAX(e->ahead / FSTI_MAX(e->nthreads, 1u), (size_t)1);
 	}
+	/* A staged load of cold files left to io=auto measures its disk:
+	 * O_DIRECT or readahead, whichever reads its first stretch faster. */
+	if (!rc)
+		rc = fsti_probe_setup(e, e->opts.io == FST_IO_AUTO && e->ahead && e->sink &&
+						 !e->run_chunks && !fsti_gds_direct_count(e->gds),
+				      err);
 	if (!rc)
 		describe(e);
 	*rcp = rc;
@@ -791,6 +853,11 @@ int fst_loader_finish(fst_loader *ld, fst_buffer **out, fst_error *err)
 		if (e->opts.progress)
 			e->opts.progress(e->opts.progress_ctx, e->plan.total_bytes,
 					 e->plan.total_bytes);
+		if (e->probe.note[0]) {
+			size_t n = strlen(e->buf->describe);
+			snprintf(e->buf->describe + n, sizeof e->buf->describe - n, "; %s",
+				 e->probe.note);
+		}
 		if (out) {
 			*out = e->buf;
 			e->buf = NULL;

@@ -1,0 +1,295 @@
+/* Description: the cold probe (FST_COLD_PROBE), onto the libcuda double: a
+ * staged load of cold files under io=auto reads its first stretch with
+ * O_DIRECT through io_uring, the next through the page cache with
+ * readahead, and the rest the faster way. With 1, 4 and 16 threads, the way
+ * left to the rates or forced either way, whole and streamed, every tensor
+ * equals the file and the description says what was measured and kept; the
+ * readahead asked for follows the way kept. No probe where it does not
+ * apply (files cached, io asked for, FST_COLD_PROBE=off, streams, a plan
+ * too small for it). A bad FST_COLD_PROBE is FST_EUSAGE naming it. A read
+ * failing in either stretch, or an io_uring submission, fails the load
+ * cleanly (no hang, nothing left); a worker whose ring cannot be set up
+ * reads through the page cache instead; a load freed while it probes
+ * stops. */
+#include "cuda_helpers.h"
+
+#include <fcntl.h>
+
+double fsti_cached_fraction(const fst_checkpoint *ck);
+
+#define STRETCH 65536u
+#define CHUNK (16u << 10)
+
+static ch_ckpt c;
+static bool can_evict;
+
+static int group_setup(void **state)
+{
+	int rc = ch_setup(state);
+	if (rc)
+		return rc;
+	ch_write_random("probe", lh_base_seed() + 11, &ch_big_gen, &c);
+	ch_open(&c, c.dir);
+	lh_evict(c.ck);
+	can_evict = fsti_cached_fraction(c.ck) >= 0 && fsti_cached_fraction(c.ck) < 0.5;
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	ch_close(&c);
+	unsetenv("FST_COLD_PROBE");
+	return ch_teardown(state);
+}
+
+/* A cold load onto cuda:0 with io=auto and the probe set to env; returns
+ * the status, the buffer in *out (checked against the files when loaded)
+ * and how many readahead requests it made in *asked. */
+static int cold_load(const char *env, unsigned threads, bool stream, fst_buffer **out,
+		     long *asked, fst_error *err)
+{
+	if (env)
+		setenv("FST_COLD_PROBE", env, 1);
+	else
+		unsetenv("FST_COLD_PROBE");
+	fst_load_opts o;
+	ch_opts(&o, "cuda:0", FST_IO_AUTO, threads, 1 * MiB);
+	o.chunk_bytes = CHUNK;
+	lh_evict(c.ck);
+	assert_int_equal(fst_fault_set("prefetch:1+", err), 0); /* counts, refuses */
+	int rc;
+	*out = NULL;
+	if (!stream) {
+		rc = fst_load(c.ck, &o, out, err);
+	} else {
+		fst_loader *ld = NULL;
+		rc = fst_load_start(c.ck, &o, &ld, err);
+		fst_tensor_view v;
+		while (!rc && (rc = fst_loader_next(ld, &v, err)) == 1) {
+			ch_assert_view(&c, &v, 0);
+			fst_view_release(&v);
+			rc = 0;
+		}
+		if (ld) {
+			fst_error ferr;
+			int frc = fst_loader_finish(ld, out, &ferr);
+			if (!rc) {
+				rc = frc;
+				*err = ferr;
+			}
+		}
+	}
+	*asked = fst_fault_last(NULL, 0);
+	assert_int_equal(fst_fault_set(NULL, NULL), 0);
+	if (!rc)
+		ch_assert_buffer(&c, *out, 0);
+	return rc;
+}
+
+static void test_probe_gives_the_files_bytes(void **state)
+{
+	(void)state;
+	if (!can_evict || !ch_uring_ok)
+		skip();
+	static const char *const envs[] = {"65536", "65536:direct", "65536:readahead"};
+	static const char *const kept[] = {NULL, "the rest with O_DIRECT",
+					   "the rest through the page cache"};
+	static const unsigned threads[] = {1, 4, 16};
+	/* the readahead stretch's chunks, and one more for a partial one */
+	const long stretch_chunks = STRETCH / CHUNK + 2;
+	for (size_t e = 0; e < 3; e++)
+		for (size_t t = 0; t < 3; t++)
+			for (int stream = 0; stream < 2; stream++) {
+				fst_buffer *buf;
+				long asked;
+				fst_error err;
+				if (cold_load(envs[e], threads[t], stream, &buf, &asked, &err))
+					fail_msg("%s, %u threads%s: %s", envs[e], threads[t],
+						 stream ? ", streamed" : "", err.message);
+				const char *d = fst_buffer_describe(buf);
+				if (!strstr(d, "pread or uring (O_DIRECT)") ||
+				    !strstr(d, "the faster way kept after 64 KiB read each way") ||
+				    !strstr(d, "cold probe: O_DIRECT in 512 KiB requests read ") ||
+				    !strstr(d, " the page cache with readahead ") ||
+				    (kept[e] && !strstr(d, kept[e])))
+					fail_msg("%s, %u threads: \"%s\"", envs[e], threads[t], d);
+				bool direct = strstr(d, "the rest with O_DIRECT") != NULL;
+				if (asked < 1 || (direct && asked > stretch_chunks) ||
+				    (!direct && asked <= stretch_chunks))
+					fail_msg("%s, %u threads: %ld readahead requests, the rest %s",
+						 envs[e], threads[t], asked,
+						 direct ? "with O_DIRECT" : "through the page cache");
+				fst_buffer_release(buf);
+				ch_assert_clean(envs[e], c.host_base);
+			}
+}
+
+static void assert_no_probe(const char *env, const fst_load_opts *o, bool evict, const char *ctx)
+{
+	if (env)
+		setenv("FST_COLD_PROBE", env, 1);
+	else
+		unsetenv("FST_COLD_PROBE");
+	if (evict)
+		lh_evict(c.ck);
+	fst_buffer *buf;
+	fst_error err;
+	if (fst_load(c.ck, o, &buf, &err))
+		fail_msg("%s: %s", ctx, err.message);
+	const char *d = fst_buffer_describe(buf);
+	if (strstr(d, "uring") && o->io != FST_IO_URING)
+		fail_msg("%s: \"%s\"", ctx, d);
+	if (strstr(d, "probe"))
+		fail_msg("%s: \"%s\"", ctx, d);
+	ch_assert_buffer(&c, buf, 0);
+	fst_buffer_release(buf);
+}
+
+static void test_no_probe_where_it_does_not_apply(void **state)
+{
+	(void)state;
+	if (!can_evict || !ch_uring_ok)
+		skip();
+	fst_load_opts o;
+	ch_opts(&o, "cuda:0", FST_IO_AUTO, 4, 1 * MiB);
+	o.chunk_bytes = CHUNK;
+	assert_no_probe("off", &o, true, "FST_COLD_PROBE=off");
+	assert_no_probe("1073741824", &o, true, "a plan under 8 stretches");
+	/* the files in the page cache */
+	fst_buffer *warm;
+	fst_error err;
+	assert_int_equal(fst_load(c.ck, &o, &warm, &err), 0);
+	fst_buffer_release(warm);
+	assert_no_probe("65536", &o, false, "cached files");
+	fst_load_opts p = o;
+	p.io = FST_IO_PREAD;
+	assert_no_probe("65536", &p, true, "io=pread");
+	p.io = FST_IO_URING;
+	assert_no_probe("65536", &p, true, "io=uring");
+	fst_load_opts s = o;
+	s.stream_bytes = 4 * CHUNK;
+	assert_no_probe("65536", &s, true, "streams");
+	fst_load_opts h = o;
+	h.device = "cpu"; /* straight into host memory: no staging to probe with */
+	if (fst_load(c.ck, &h, &warm, &err))
+		fail_msg("cpu: %s", err.message);
+	assert_null(strstr(fst_buffer_describe(warm), "probe"));
+	fst_buffer_release(warm);
+	ch_assert_clean("no probe", c.host_base);
+}
+
+static void test_bad_env_is_a_usage_error(void **state)
+{
+	(void)state;
+	static const char *const bad[] = {"fast", "65536:both", "-5", "12x", ":direct:"};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		setenv("FST_COLD_PROBE", bad[i], 1);
+		fst_load_opts o;
+		ch_opts(&o, "cuda:0", FST_IO_AUTO, 2, 1 * MiB);
+		lh_evict(c.ck);
+		fst_buffer *buf = (fst_buffer *)&o;
+		fst_error err;
+		int rc = fst_load(c.ck, &o, &buf, &err);
+		if (rc != FST_EUSAGE || !strstr(err.message, "FST_COLD_PROBE") ||
+		    !strstr(err.message, bad[i]))
+			fail_msg("FST_COLD_PROBE=%s: status %d, \"%s\"", bad[i], rc, err.message);
+		assert_null(buf);
+		char text[1200];
+		assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), FST_EUSAGE);
+	}
+	unsetenv("FST_COLD_PROBE");
+	ch_assert_clean("bad FST_COLD_PROBE", c.host_base);
+}
+
+/* Fail the N-th call at site, N = 1, 2, ... until no call fails: each load
+ * either has status code with a message and leaves nothing, or (a fault
+ * the load works around) gives the files' bytes. */
+static void fault_loop(const char *site, const char *env, int code)
+{
+	unsigned failures = 0;
+	for (long n = 1;; n++) {
+		if (n > 3000)
+			fail_msg("%s: still failing after 3000 calls", site);
+		char spec[64];
+		snprintf(spec, sizeof spec, "%s:%ld", site, n);
+		setenv("FST_COLD_PROBE", env, 1);
+		fst_load_opts o;
+		ch_opts(&o, "cuda:0", FST_IO_AUTO, 4, 1 * MiB);
+		o.chunk_bytes = CHUNK;
+		lh_evict(c.ck);
+		fst_error err;
+		assert_int_equal(fst_fault_set(spec, &err), 0);
+		fst_buffer *buf = (fst_buffer *)&o;
+		int rc = fst_load(c.ck, &o, &buf, &err);
+		long injected = fst_fault_last(NULL, 0);
+		assert_int_equal(fst_fault_set(NULL, NULL), 0);
+		if (!rc) {
+			assert_non_null(strstr(fst_buffer_describe(buf), "cold probe"));
+			ch_assert_buffer(&c, buf, 0);
+			fst_buffer_release(buf);
+			ch_assert_clean(spec, c.host_base);
+			if (!injected)
+				break;
+			continue;
+		}
+		failures++;
+		if (rc != code || !err.message[0])
+			fail_msg("%s: status %d (%s), expected %d", spec, rc, err.message, code);
+		assert_null(buf);
+		ch_assert_clean(spec, c.host_base);
+	}
+	if (!failures)
+		fail_msg("%s: no load failed", site);
+}
+
+static void test_failures_in_the_probe_are_clean(void **state)
+{
+	(void)state;
+	if (!can_evict || !ch_uring_ok)
+		skip();
+	/* O_DIRECT reads: the first stretch, and the rest when kept */
+	fault_loop("uring_complete", "65536:direct", FST_EIO);
+	/* io_uring's set-up (a worker whose ring cannot be made reads its
+	 * O_DIRECT chunks through the page cache) and submissions */
+	fault_loop("uring_submit", "65536:direct", FST_EIO);
+	/* reads through the page cache: the second stretch, and the rest */
+	fault_loop("read", "65536:readahead", FST_EIO);
+}
+
+/* A load freed while its workers wait for the first stretch stops. */
+static void test_free_while_probing(void **state)
+{
+	(void)state;
+	if (!can_evict || !ch_uring_ok)
+		skip();
+	setenv("FST_COLD_PROBE", "65536", 1);
+	ch_set_delay("2000"); /* slow copies: the load is still probing */
+	for (unsigned threads = 1; threads <= 16; threads *= 4) {
+		fst_load_opts o;
+		ch_opts(&o, "cuda:0", FST_IO_AUTO, threads, 1 * MiB);
+		o.chunk_bytes = CHUNK;
+		lh_evict(c.ck);
+		fst_loader *ld;
+		fst_error err;
+		assert_int_equal(fst_load_start(c.ck, &o, &ld, &err), 0);
+		fst_loader_free(ld);
+		ch_assert_clean("freed while probing", c.host_base);
+	}
+	ch_set_delay("0");
+	unsetenv("FST_COLD_PROBE");
+}
+
+int main(void)
+{
+	int rc = ch_init();
+	if (rc)
+		return rc;
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup(test_probe_gives_the_files_bytes, ch_reset),
+		cmocka_unit_test_setup(test_no_probe_where_it_does_not_apply, ch_reset),
+		cmocka_unit_test_setup(test_bad_env_is_a_usage_error, ch_reset),
+		cmocka_unit_test_setup(test_failures_in_the_probe_are_clean, ch_reset),
+		cmocka_unit_test_setup(test_free_while_probing, ch_reset),
+	};
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
