@@ -39,8 +39,9 @@ static const char *const names[FSTI_ENV_COUNT] = {
 	/* pinned staging: "huge" (registered huge pages, the default) or
 	 * "driver" (cuMemHostAlloc); for each new block */
 	[FSTI_ENV_STAGING_PAGES] = "FST_STAGING_PAGES",
-	/* the cold probe of staged loads: off, or BYTES per stretch with an
-	 * optional :direct or :readahead kept whatever the rates; at each load */
+	/* the cold probe of staged loads: off (default), on, or BYTES per
+	 * stretch with an optional :direct or :readahead kept whatever the
+	 * rates; at each load */
 	[FSTI_ENV_COLD_PROBE] = "FST_COLD_PROBE",
 	/* the libcurl to open instead of libcurl.so.4; read once (net/curl.c) */
 	[FSTI_ENV_CURL_LIBRARY] = "FST_CURL_LIBRARY",

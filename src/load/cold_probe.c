@@ -4,8 +4,8 @@
  * Disks reward different patterns, and some change their mind from pass to
  * pass: on one H200 machine O_DIRECT in 512 KiB requests read either 1.6 or
  * 3 GB/s, while reads through the page cache with readahead held 1.9-2.3
- * (docs/design.md, "Cold reads"). So a GPU load of cold files under io=auto
- * measures instead of guessing: the first stretch of the plan is read with
+ * (docs/design.md, "Cold reads"). With FST_COLD_PROBE set, a GPU load of
+ * cold files under io=auto measures instead of guessing: the first stretch of the plan is read with
  * O_DIRECT in small requests (io_uring), the next through the page cache
  * with readahead clipped to that stretch, and the rest the faster way.
  * Each stretch starts only once the one before has been read, so neither
@@ -13,7 +13,9 @@
  * like any others: nothing is read twice.
  *
  * Readahead wins ties (within PREFER_CACHE): it leaves the model in the page
- * cache for the next start.
+ * cache for the next start. Measured on the H200 the stretches did not
+ * predict the rest (the readahead stretch read 0.7-0.9x of what readahead
+ * reads over a whole pass), so the probe is off unless asked for.
  */
 #include "engine.h"
 
@@ -32,21 +34,20 @@
 /* O_DIRECT must be this much faster to be kept. */
 #define PREFER_CACHE 1.10
 
-/* FST_COLD_PROBE: off, or BYTES[:direct|:readahead] (the stretch size, 0
- * for the default; a way named after the colon is kept whatever the rates,
- * for tests and benchmarks). */
+/* FST_COLD_PROBE: off (the default), on, or BYTES[:direct|:readahead] (the
+ * stretch size, 0 for the default; a way named after the colon is kept
+ * whatever the rates, for tests and benchmarks). Off by default: on the
+ * H200 its stretches did not predict the pass (h200-2026-12-03-probe). */
 static int probe_env(uint64_t *bytes, int *force, bool *off, fst_error *err)
 {
 	const char *v = fsti_env(FSTI_ENV_COLD_PROBE);
 	*bytes = PROBE_BYTES;
 	*force = -1;
-	*off = false;
-	if (!v)
+	*off = !v || !strcmp(v, "off");
+	if (*off)
 		return 0;
-	if (!strcmp(v, "off")) {
-		*off = true;
+	if (!strcmp(v, "on"))
 		return 0;
-	}
 	char *end;
 	unsigned long long n = strtoull(v, &end, 10);
 	bool bad = v[0] == '-' || v[0] == '+';
@@ -58,8 +59,8 @@ static int probe_env(uint64_t *bytes, int *force, bool *off, fst_error *err)
 		bad = true;
 	if (bad)
 		return fsti_err(err, FST_EUSAGE,
-				"%s=\"%s\": expected off, or BYTES with an optional :direct or "
-				":readahead",
+				"%s=\"%s\": expected off, on, or BYTES with an optional :direct "
+				"or :readahead",
 				fsti_env_name(FSTI_ENV_COLD_PROBE), v);
 	if (n)
 		*bytes = n;

@@ -554,8 +554,9 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		if (e->ahead)
 			e->ahead = FSTI_MAX(e->ahead / FSTI_MAX(e->nthreads, 1u), (size_t)1);
 	}
-	/* A staged load of cold files left to io=auto measures its disk:
-	 * O_DIRECT or readahead, whichever reads its first stretch faster. */
+	/* With FST_COLD_PROBE, a staged load of cold files left to io=auto
+	 * measures its disk: O_DIRECT or readahead, whichever reads its first
+	 * stretch faster (off by default: docs/design.md, "Cold reads"). */
 	if (!rc)
 		rc = fsti_probe_setup(e, e->opts.io == FST_IO_AUTO && e->ahead && e->sink &&
 						 !e->run_chunks && !fsti_gds_direct_count(e->gds),

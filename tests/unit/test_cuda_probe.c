@@ -5,7 +5,7 @@
  * left to the rates or forced either way, whole and streamed, every tensor
  * equals the file and the description says what was measured and kept; the
  * readahead asked for follows the way kept. No probe where it does not
- * apply (files cached, io asked for, FST_COLD_PROBE=off, streams, a plan
+ * apply (FST_COLD_PROBE unset or off, files cached, io asked for, streams, a plan
  * too small for it). A bad FST_COLD_PROBE is FST_EUSAGE naming it. A read
  * failing in either stretch, or an io_uring submission, fails the load
  * cleanly (no hang, nothing left); a worker whose ring cannot be set up
@@ -154,6 +154,7 @@ static void test_no_probe_where_it_does_not_apply(void **state)
 	ch_opts(&o, "cuda:0", FST_IO_AUTO, 4, 1 * MiB);
 	o.chunk_bytes = CHUNK;
 	assert_no_probe("off", &o, true, "FST_COLD_PROBE=off");
+	assert_no_probe(NULL, &o, true, "FST_COLD_PROBE unset (off by default)");
 	assert_no_probe("1073741824", &o, true, "a plan under 8 stretches");
 	/* the files in the page cache */
 	fst_buffer *warm;
