@@ -58,6 +58,11 @@ struct fsti_source {
 /* Readahead of cold files read through the page cache, by default
  * (docs/design.md, "Readers and io=auto"). */
 #define FSTI_READAHEAD (1ull << 30)
+/* Request size of cold files that io=auto reads with O_DIRECT onto a GPU:
+ * fastsafetensors' 516 KiB, rounded to the block size; the steadiest and
+ * fastest cold pattern measured on the H200's disk (docs/design.md, "Cold
+ * reads"). */
+#define FSTI_COLD_DIRECT_CHUNK (512ull << 10)
 /* Landing slots per worker: up to two reads in flight while the third
  * slot's bytes are still being copied out (to a GPU, asynchronously). */
 #define FSTI_SLOTS 3

@@ -15,7 +15,9 @@
  * Readahead wins ties (within PREFER_CACHE): it leaves the model in the page
  * cache for the next start. Measured on the H200 the stretches did not
  * predict the rest (the readahead stretch read 0.7-0.9x of what readahead
- * reads over a whole pass), so the probe is off unless asked for.
+ * reads over a whole pass), so the probe is off unless asked for, and io=auto
+ * reads cold files onto a GPU with O_DIRECT in 512 KiB requests, which beat
+ * both (engine.c, choose_io).
  */
 #include "engine.h"
 
@@ -65,6 +67,12 @@ static int probe_env(uint64_t *bytes, int *force, bool *off, fst_error *err)
 	if (n)
 		*bytes = n;
 	return 0;
+}
+
+bool fsti_probe_asked(void)
+{
+	const char *v = fsti_env(FSTI_ENV_COLD_PROBE);
+	return v && strcmp(v, "off");
 }
 
 int fsti_probe_setup(struct fsti_engine *e, bool wanted, fst_error *err)

@@ -353,13 +353,13 @@ static int choose_remote(struct fsti_engine *e, const fst_load_opts *asked, fst_
 	return 0;
 }
 
-static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
+static int choose_io(struct fsti_engine *e, const fst_load_opts *asked, fst_error *err)
 {
 	char pct[96] = "";
 	e->cached = -1;
 	switch (e->opts.io) {
 	case FST_IO_MMAP:
-		if (device_type != FST_DEVICE_CPU)
+		if (e->device_type != FST_DEVICE_CPU)
 			return fsti_err(err, FST_EUSAGE,
 					"io=mmap gives views of the files: cpu device only");
 		snprintf(e->why, sizeof e->why, "asked for (io=mmap)");
@@ -375,14 +375,16 @@ static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 		snprintf(e->why, sizeof e->why, "asked for (io=uring)");
 		return 0;
 	default: {
-		/* auto: pread either way. Files mostly in the page cache: one
-		 * kernel copy, in parallel. Files mostly not: readahead keeps the
-		 * disk's queue deep while the workers copy what has landed: steady
-		 * on every disk measured, and it leaves the model in the page
-		 * cache for the next start; O_DIRECT with small requests won on
-		 * some disks on average but swung from pass to pass
-		 * (docs/design.md, "Cold reads"). With readahead off, cold files
-		 * go to O_DIRECT through io_uring, where it can be set up. */
+		/* auto. Files mostly in the page cache: pread, one kernel copy,
+		 * in parallel. Files mostly not, onto a GPU (through staging):
+		 * O_DIRECT through io_uring in 512 KiB requests, the steadiest
+		 * and fastest pattern on the H200's disk, where readahead read
+		 * 0.8-0.9x of it (docs/design.md, "Cold reads"). Cold files into
+		 * host memory, or with readahead asked for: pread with readahead,
+		 * which reads straight into the destination and leaves the
+		 * model in the page cache. With readahead off, cold files go to
+		 * O_DIRECT wherever they are bound. FST_COLD_PROBE keeps the
+		 * readahead path for its probe to decide. */
 		double cached = e->cached = fsti_cached_fraction(e->ck);
 		if (cached >= 0)
 			snprintf(pct, sizeof pct, "%.0f%% of the data in the page cache",
@@ -390,13 +392,19 @@ static int choose_io(struct fsti_engine *e, int device_type, fst_error *err)
 		else
 			snprintf(pct, sizeof pct, "page-cache residency unknown");
 		bool cold = cached >= 0 && cached < 0.5;
-		bool uring = cold && e->opts.readahead_bytes == FST_READAHEAD_OFF;
+		bool staged = e->device_type != FST_DEVICE_CPU && !e->unified;
+		bool uring = cold && (e->opts.readahead_bytes == FST_READAHEAD_OFF ||
+				      (staged && !e->opts.readahead_bytes && !fsti_probe_asked()));
 		if (uring && !fsti_uring_available()) {
 			uring = false;
 			snprintf(pct + strlen(pct), sizeof pct - strlen(pct), ", io_uring unavailable");
 		}
 		e->reader = uring ? &fsti_reader_uring : &fsti_reader_pread;
-		snprintf(e->why, sizeof e->why, "auto: %s", pct);
+		e->cold_direct = uring;
+		if (uring && (!asked || !asked->chunk_bytes))
+			e->opts.chunk_bytes = FSTI_COLD_DIRECT_CHUNK;
+		snprintf(e->why, sizeof e->why, "auto: %s%s", pct,
+			 uring ? ", cold files read with O_DIRECT" : "");
 		return 0;
 	}
 	}
@@ -488,13 +496,13 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	}
 	if (!rc)
 		rc = fsti_checkpoint_is_remote(ck) ? choose_remote(e, opts, err)
-						   : choose_io(e, e->device_type, err);
+						   : choose_io(e, opts, err);
 	if (!rc)
 		rc = check_files_unchanged(ck, "since it was opened", err);
 	/* Cold reads wait on the disk, not on the CPUs: enough of them in
 	 * flight to keep its queue deep whatever the core count. A count the
 	 * caller gave stands. */
-	if (!rc && reads_ahead(e) && (!opts || !opts->threads))
+	if (!rc && (reads_ahead(e) || e->cold_direct) && (!opts || !opts->threads))
 		e->opts.threads = FSTI_MAX(e->opts.threads, FSTI_COLD_THREADS);
 	/* pread into host memory needs nothing in between; everything else
 	 * lands in per-worker slots first. */

@@ -169,6 +169,7 @@ struct fsti_engine {
 	 * GPU, the tensors are its device addresses; write_base is where the
 	 * readers and the host sink write (buf->base everywhere else) */
 	bool unified;
+	bool cold_direct; /* io=auto chose O_DIRECT for cold files */
 	char *write_base;
 	char platform_why[400];
 	struct fsti_probe probe;
@@ -200,6 +201,9 @@ void fsti_gds_teardown(struct fsti_engine *e);
  * streams) and FST_COLD_PROBE, io_uring and the plan's size allow; sets
  * e->src.direct_request_bytes. A bad FST_COLD_PROBE is FST_EUSAGE. */
 int fsti_probe_setup(struct fsti_engine *e, bool wanted, fst_error *err);
+/* Whether FST_COLD_PROBE asks for the probe (set, and not "off"): io=auto
+ * then reads cold files through the page cache for it to decide. */
+bool fsti_probe_asked(void);
 /* Chunk i is read with O_DIRECT (else through the page cache). Only once
  * chunk i's stretch is open. */
 bool fsti_probe_direct(const struct fsti_engine *e, size_t i);

@@ -1,0 +1,148 @@
+/* Description: what io=auto reads cold files with, onto the libcuda double.
+ * A staged load of cold files reads them with O_DIRECT through io_uring in
+ * 512 KiB chunks with 16 threads when the caller leaves those to fst, asks
+ * for no readahead, and says so; a chunk size or thread count the caller
+ * gives stands. Files in the page cache, readahead asked for, FST_COLD_PROBE
+ * set and loads into host memory read with pread; readahead off reads cold
+ * files with O_DIRECT. Every tensor of every load equals the file. */
+#include "cuda_helpers.h"
+
+double fsti_cached_fraction(const fst_checkpoint *ck);
+
+static ch_ckpt c;
+static bool can_evict;
+
+static int group_setup(void **state)
+{
+	int rc = ch_setup(state);
+	if (rc)
+		return rc;
+	ch_write_random("cold-auto", lh_base_seed() + 17, &ch_big_gen, &c);
+	ch_open(&c, c.dir);
+	lh_evict(c.ck);
+	can_evict = fsti_cached_fraction(c.ck) >= 0 && fsti_cached_fraction(c.ck) < 0.5;
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	ch_close(&c);
+	unsetenv("FST_COLD_PROBE");
+	return ch_teardown(state);
+}
+
+/* Load with o (cold when evict), check every byte, require each of the
+ * '|'-separated parts of want in the description and none of refuse, and
+ * return how many readahead requests the load made. */
+static long load_says(const fst_load_opts *o, bool evict, const char *want, const char *refuse,
+		      const char *ctx)
+{
+	bool cpu = !strcmp(o->device, "cpu");
+	lh_files fs;
+	if (cpu)
+		lh_files_read(c.ck, &fs); /* reads the files: evict after */
+	if (evict)
+		lh_evict(c.ck);
+	fst_error err;
+	assert_int_equal(fst_fault_set("prefetch:1+", &err), 0); /* counts, refuses */
+	fst_buffer *buf;
+	int rc = fst_load(c.ck, o, &buf, &err);
+	long asked = fst_fault_last(NULL, 0);
+	assert_int_equal(fst_fault_set(NULL, NULL), 0);
+	if (rc)
+		fail_msg("%s: %s", ctx, err.message);
+	const char *d = fst_buffer_describe(buf);
+	char parts[256];
+	snprintf(parts, sizeof parts, "%s", want);
+	for (char *save = NULL, *p = strtok_r(parts, "|", &save); p; p = strtok_r(NULL, "|", &save))
+		if (!strstr(d, p))
+			fail_msg("%s: \"%s\" lacks \"%s\"", ctx, d, p);
+	if (refuse && strstr(d, refuse))
+		fail_msg("%s: \"%s\" says \"%s\"", ctx, d, refuse);
+	if (cpu) {
+		lh_check_buffer(c.ck, &fs, buf, o, NULL, ctx);
+		lh_files_free(&fs);
+	} else {
+		ch_assert_buffer(&c, buf, 0);
+	}
+	fst_buffer_release(buf);
+	ch_assert_clean(ctx, c.host_base);
+	return asked;
+}
+
+static void test_cold_staged_reads_direct(void **state)
+{
+	(void)state;
+	if (!can_evict || !ch_uring_ok)
+		skip();
+	unsetenv("FST_COLD_PROBE");
+	fst_load_opts o;
+	ch_opts(&o, "cuda:0", FST_IO_AUTO, 0, 0);
+	long asked = load_says(&o, true, "uring|512 KiB chunks|cold files read with O_DIRECT",
+			       "readahead", "cold, defaults");
+	assert_int_equal(asked, 0);
+
+	/* enough chunks for every thread: 16 whatever the cores */
+	o.chunk_bytes = 64 << 10;
+	uint64_t total = 0;
+	for (size_t i = 0; i < c.nfiles; i++)
+		total += c.sizes[i];
+	if (total / o.chunk_bytes < 17)
+		fail_msg("the checkpoint (%llu bytes) makes fewer than 16 chunks",
+			 (unsigned long long)total);
+	load_says(&o, true, "uring|16 threads|64 KiB chunks", "readahead", "cold, chunk given");
+
+	o.threads = 3;
+	load_says(&o, true, "uring|3 threads|64 KiB chunks|cold files read with O_DIRECT",
+		  "readahead", "cold, chunk and threads given");
+
+	o.readahead_bytes = FST_READAHEAD_OFF;
+	load_says(&o, true, "uring|cold files read with O_DIRECT", "readahead",
+		  "cold, readahead off");
+}
+
+static void test_where_auto_keeps_pread(void **state)
+{
+	(void)state;
+	if (!can_evict || !ch_uring_ok)
+		skip();
+	unsetenv("FST_COLD_PROBE");
+	fst_load_opts o;
+	ch_opts(&o, "cuda:0", FST_IO_AUTO, 3, 0);
+	o.chunk_bytes = 64 << 10;
+
+	/* in the page cache */
+	lh_files fs;
+	lh_files_read(c.ck, &fs);
+	load_says(&o, false, "pread", "O_DIRECT", "warm");
+	lh_files_free(&fs);
+
+	/* readahead asked for */
+	o.readahead_bytes = 1 << 20;
+	if (load_says(&o, true, "pread|readahead 1 MiB", "O_DIRECT", "cold, readahead asked") < 1)
+		fail_msg("cold, readahead asked: no readahead requested");
+	o.readahead_bytes = 0;
+
+	/* the probe asked for decides between the two itself */
+	setenv("FST_COLD_PROBE", "on", 1);
+	load_says(&o, true, "pread|readahead", "O_DIRECT", "cold, FST_COLD_PROBE=on");
+	unsetenv("FST_COLD_PROBE");
+
+	/* into host memory: pread straight into the destination */
+	fst_load_opts h = o;
+	h.device = "cpu";
+	if (load_says(&h, true, "pread|readahead", "O_DIRECT", "cold, cpu") < 1)
+		fail_msg("cold, cpu: no readahead requested");
+}
+
+int main(void)
+{
+	int rc = ch_init();
+	if (rc)
+		return rc;
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup(test_cold_staged_reads_direct, ch_reset),
+		cmocka_unit_test_setup(test_where_auto_keeps_pread, ch_reset),
+	};
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
