@@ -63,6 +63,11 @@ struct fsti_source {
  * fastest cold pattern measured on the H200's disk (docs/design.md, "Cold
  * reads"). */
 #define FSTI_COLD_DIRECT_CHUNK (512ull << 10)
+/* Workers of that read when the caller left the count to fst, whatever the
+ * core count: two chunks in flight each, 16 requests in all, as many as
+ * fastsafetensors keeps; 16 workers (32 requests) read 0.6-1.0x of 8 on
+ * the H200's disk (docs/design.md, "Cold reads"). */
+#define FSTI_COLD_DIRECT_THREADS 8u
 /* Landing slots per worker: up to two reads in flight while the third
  * slot's bytes are still being copied out (to a GPU, asynchronously). */
 #define FSTI_SLOTS 3

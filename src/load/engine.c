@@ -502,8 +502,11 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	/* Cold reads wait on the disk, not on the CPUs: enough of them in
 	 * flight to keep its queue deep whatever the core count. A count the
 	 * caller gave stands. */
-	if (!rc && (reads_ahead(e) || e->cold_direct) && (!opts || !opts->threads))
+	if (!rc && reads_ahead(e) && (!opts || !opts->threads))
 		e->opts.threads = FSTI_MAX(e->opts.threads, FSTI_COLD_THREADS);
+	/* O_DIRECT, though, reads best with a queue of a set depth */
+	if (!rc && e->cold_direct && (!opts || !opts->threads))
+		e->opts.threads = FSTI_COLD_DIRECT_THREADS;
 	/* pread into host memory needs nothing in between; everything else
 	 * lands in per-worker slots first. */
 	bool host_dst = e->device_type == FST_DEVICE_CPU || e->unified;

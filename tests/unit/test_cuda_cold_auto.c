@@ -1,6 +1,6 @@
 /* Description: what io=auto reads cold files with, onto the libcuda double.
  * A staged load of cold files reads them with O_DIRECT through io_uring in
- * 512 KiB chunks with 16 threads when the caller leaves those to fst, asks
+ * 512 KiB chunks with 8 threads when the caller leaves those to fst, asks
  * for no readahead, and says so; a chunk size or thread count the caller
  * gives stands. Files in the page cache, readahead asked for, FST_COLD_PROBE
  * set and loads into host memory read with pread; readahead off reads cold
@@ -82,7 +82,7 @@ static void test_cold_staged_reads_direct(void **state)
 			       "readahead", "cold, defaults");
 	assert_int_equal(asked, 0);
 
-	/* enough chunks for every thread: 16 whatever the cores */
+	/* enough chunks for every thread: 8 whatever the cores */
 	o.chunk_bytes = 64 << 10;
 	uint64_t total = 0;
 	for (size_t i = 0; i < c.nfiles; i++)
@@ -90,7 +90,7 @@ static void test_cold_staged_reads_direct(void **state)
 	if (total / o.chunk_bytes < 17)
 		fail_msg("the checkpoint (%llu bytes) makes fewer than 16 chunks",
 			 (unsigned long long)total);
-	load_says(&o, true, "uring|16 threads|64 KiB chunks", "readahead", "cold, chunk given");
+	load_says(&o, true, "uring|8 threads|64 KiB chunks", "readahead", "cold, chunk given");
 
 	o.threads = 3;
 	load_says(&o, true, "uring|3 threads|64 KiB chunks|cold files read with O_DIRECT",
