@@ -174,6 +174,17 @@ void ch_write_random(const char *name, uint64_t seed, const ch_gen *g, ch_ckpt *
 	}
 }
 
+double fsti_cached_fraction(const fst_checkpoint *ck); /* io/residency.c */
+
+bool ch_write_cold(const char *name, uint64_t seed, ch_ckpt *c)
+{
+	ch_write_random(name, seed, &ch_big_gen, c);
+	ch_open(c, c->dir);
+	lh_evict(c->ck);
+	double cached = fsti_cached_fraction(c->ck);
+	return cached >= 0 && cached < 0.5;
+}
+
 void ch_open(ch_ckpt *c, const char *path)
 {
 	fst_error err;

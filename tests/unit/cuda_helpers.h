@@ -81,6 +81,10 @@ void ch_write_random(const char *name, uint64_t seed, const ch_gen *g, ch_ckpt *
  * allocation count; ch_close closes it and removes c->dir. */
 void ch_open(ch_ckpt *c, const char *path);
 void ch_close(ch_ckpt *c);
+/* ch_write_random with ch_big_gen and ch_open, then its files evicted from
+ * the page cache; whether they can be (residency told, and under half left):
+ * the cold-load tests skip where not. */
+bool ch_write_cold(const char *name, uint64_t seed, ch_ckpt *c);
 
 /* ---- checking loaded tensors (no cmocka asserts in the *_check forms:
  * they are also used off the main thread) */
