@@ -353,7 +353,7 @@ static int choose_remote(struct fsti_engine *e, const fst_load_opts *asked, fst_
 	return 0;
 }
 
-static int choose_io(struct fsti_engine *e, const fst_load_opts *asked, fst_error *err)
+static int choose_io(struct fsti_engine *e, fst_error *err)
 {
 	char pct[96] = "";
 	e->cached = -1;
@@ -401,8 +401,6 @@ static int choose_io(struct fsti_engine *e, const fst_load_opts *asked, fst_erro
 		}
 		e->reader = uring ? &fsti_reader_uring : &fsti_reader_pread;
 		e->cold_direct = uring;
-		if (uring && (!asked || !asked->chunk_bytes))
-			e->opts.chunk_bytes = FSTI_COLD_DIRECT_CHUNK;
 		snprintf(e->why, sizeof e->why, "auto: %s%s", pct,
 			 uring ? ", cold files read with O_DIRECT" : "");
 		return 0;
@@ -496,7 +494,7 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	}
 	if (!rc)
 		rc = fsti_checkpoint_is_remote(ck) ? choose_remote(e, opts, err)
-						   : choose_io(e, opts, err);
+						   : choose_io(e, err);
 	if (!rc)
 		rc = check_files_unchanged(ck, "since it was opened", err);
 	/* Cold reads wait on the disk, not on the CPUs: enough of them in
@@ -507,6 +505,12 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	/* O_DIRECT, though, reads best with a queue of a set depth */
 	if (!rc && e->cold_direct && (!opts || !opts->threads))
 		e->opts.threads = FSTI_COLD_DIRECT_THREADS;
+	if (!rc && !pieces)
+		rc = fsti_gds_setup(e, err);
+	/* and in small requests, except where cuFile reads the chunks */
+	if (!rc && e->cold_direct && !fsti_gds_direct_count(e->gds) &&
+	    (!opts || !opts->chunk_bytes))
+		e->opts.chunk_bytes = FSTI_COLD_DIRECT_CHUNK;
 	/* pread into host memory needs nothing in between; everything else
 	 * lands in per-worker slots first. */
 	bool host_dst = e->device_type == FST_DEVICE_CPU || e->unified;
@@ -524,8 +528,6 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		e->opts.chunk_bytes = FSTI_MAX(chunk, (uint64_t)FSTI_DIRECT_ALIGN);
 		e->slot_bytes = e->opts.chunk_bytes + 2 * FSTI_DIRECT_ALIGN;
 	}
-	if (!rc && !pieces)
-		rc = fsti_gds_setup(e, err);
 	/* Files read with cuFile get direct extents (bytes land at their
 	 * tensors); their chunks are no larger than a landing slot, so one
 	 * whose cuFile read fails can be redone through staging as it is. */

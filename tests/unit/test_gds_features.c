@@ -3,8 +3,43 @@
  * while slow reads are in flight (a view outlives the loader; nothing left
  * registered), a caller's allocator giving the libcuda double's memory (one
  * allocation and one free a load, given back after a failed gds=on load),
- * and two loads in flight at once on two devices, handed out in turn. */
+ * and two loads in flight at once on two devices, handed out in turn. Cold
+ * files under io=auto: cuFile keeps its large requests, while without it the
+ * O_DIRECT default reads 512 KiB chunks. */
 #include "gds_helpers.h"
+
+double fsti_cached_fraction(const fst_checkpoint *ck); /* io/residency.c */
+
+static void test_cold_auto_keeps_cufile_requests(void **state)
+{
+	(void)state;
+	gh_fixture x;
+	gh_founding(&x, "cold", 2, lh_base_seed() + 17);
+	lh_evict(x.ck);
+	double cached = fsti_cached_fraction(x.ck);
+	if (cached < 0 || cached >= 0.5) {
+		gh_fixture_close(&x);
+		skip(); /* residency cannot be told here: no cold decision */
+	}
+	gh_base b = gh_snapshot();
+	static const int gds[] = {FST_GDS_AUTO, FST_GDS_OFF};
+	for (int k = 0; k < 2; k++) {
+		fst_load_opts o = gh_opts("cuda:0", gds[k], FST_IO_AUTO, 0);
+		char desc[1200] = "";
+		lh_evict(x.ck);
+		gh_load_ok(x.ck, &x.fs, &o, desc, sizeof desc);
+		assert_has(desc, "cold files read with O_DIRECT");
+		if (gds[k] == FST_GDS_AUTO) {
+			assert_has(desc, "GPUDirect Storage for 2 of 2 files");
+			if (strstr(desc, "512 KiB chunks"))
+				fail_msg("cuFile reads in 512 KiB chunks: \"%s\"", desc);
+		} else {
+			assert_has(desc, "512 KiB chunks");
+		}
+		gh_assert_back(&b, gds[k] == FST_GDS_AUTO ? "cold, gds auto" : "cold, gds off");
+	}
+	gh_fixture_close(&x);
+}
 
 static void test_filter(void **state)
 {
@@ -206,6 +241,7 @@ int main(void)
 		cmocka_unit_test_setup(test_cancel_and_free, gh_reset),
 		cmocka_unit_test_setup(test_caller_allocator, gh_reset),
 		cmocka_unit_test_setup(test_two_loaders, gh_reset),
+		cmocka_unit_test_setup(test_cold_auto_keeps_cufile_requests, gh_reset),
 	};
 	return cmocka_run_group_tests(tests, gh_group_setup, gh_group_teardown);
 }
