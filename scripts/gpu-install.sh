@@ -22,6 +22,7 @@ else
 fi
 {
 	nproc
+	lscpu | grep -E '^(Model name|Socket|Core|Thread|NUMA node\(s\)|L[23] cache)'
 	free -g
 	lsblk -o NAME,SIZE,ROTA,TYPE,MOUNTPOINT
 	for f in nr_requests max_sectors_kb read_ahead_kb scheduler; do

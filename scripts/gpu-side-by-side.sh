@@ -1,29 +1,33 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root: the whole side-by-side of
 # bench/peers.py (fst and every peer, warm and cold, two alternating rounds
-# each, on both checkpoints of bench/make_checkpoints.py) in four steps, one
+# each, on both checkpoints of bench/make_checkpoints.py) in three steps, one
 # device call each, called back to back on one machine (its /tmp keeps the
 # checkpoints, the installed wheel and the runs' JSON between calls):
 #   STEP=1  the wheel installed (WHEEL_CHECK=1: scripts/gpu-wheel.sh, its
-#           checks too), the machine, both checkpoints, gpt-oss-20b warm (2
-#           rounds), then two streamed loads in one process (first-load.txt:
-#           when each share of the bytes was ready, bench/first_load.py)
-#   STEP=2  llama3-8b warm (2 rounds), gpt-oss-20b cold round 1
-#   STEP=3  llama3-8b cold round 1, gpt-oss-20b cold round 2
-#   STEP=4  llama3-8b cold round 2
+#           checks too), the machine, both checkpoints, warm on both (2
+#           rounds each)
+#   STEP=2  cold round 1 on both
+#   STEP=3  cold round 2 on both (the loaders in reverse order), then two
+#           streamed loads in one process (first-load.txt: when each share of
+#           the bytes was ready, bench/first_load.py)
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
-# pass took 15-45 s there, a cold one about 30 s: bench/results/
-# h200-2026-12-02-rounds); a cold round is one peers.py run continued with
+# pass took 10-15 s there, a cold one about 25 s: bench/results/
+# h200-2026-12-02-sbs); a cold round is one peers.py run continued with
 # --append, so a step cut short loses only its last pass. Every loader's bytes
 # are checked in its first warm pass, fst's also in its first cold pass. Each
-# step copies what it touched to OUT (at most 8 files).
+# step copies what it touched to OUT.
 set -uo pipefail
-STEP=${STEP:?STEP=1, 2, 3 or 4}
+STEP=${STEP:?STEP=1, 2 or 3}
 OUT=${OUT:-/tmp/fst-sbs-out}
 WORK=${WORK:-/tmp/fst-cold-work}
 RES=$WORK/sbs # the runs' files, kept between steps
-WARM="fst.load,fst.iter_into_params,safetensors,fastsafetensors,instanttensor.buffered,runai"
-COLD="fst.load,fastsafetensors,instanttensor,runai,safetensors,read:willneed"
+# fst.load:staging_bytes=33554432: half the default staging (less to pin, more of it
+# in the CPU's caches), a warm idea measured beside the default
+WARM="fst.load,fst.iter_into_params,fst.load:staging_bytes=33554432,safetensors,fastsafetensors,instanttensor.buffered,runai"
+# the read patterns: fastsafetensors' requests without its GPU side, and the
+# page cache with readahead (the best pattern of the earlier H200 disks)
+COLD="fst.load,fastsafetensors,instanttensor,runai,safetensors,read:direct-small,read:willneed"
 mkdir -p "$OUT" "$RES"
 export WORK
 
@@ -45,25 +49,23 @@ case $STEP in
 1)
 	date +%T >"$OUT/times.txt"
 	OUT=$OUT bash scripts/gpu-install.sh
-	peers gpt-oss-20b warm 420
+	peers gpt-oss-20b warm 300
 	cp "$RES/checkpoints.txt" "$OUT/" 2>/dev/null
-	# where a process's first load loses time against its later ones: when
-	# each share of the bytes was ready, two streamed loads in one process
-	timeout 60 python3 bench/first_load.py timeline "$WORK/ck/gpt-oss-20b" >"$OUT/first-load.txt" 2>&1
+	peers llama3-8b warm 240
 	;;
 2)
-	peers llama3-8b warm 330
-	peers gpt-oss-20b cold 240
+	peers gpt-oss-20b cold 260
+	peers llama3-8b cold 280
 	;;
 3)
-	peers llama3-8b cold 300
-	peers gpt-oss-20b cold 240
-	;;
-4)
-	peers llama3-8b cold 300
+	peers gpt-oss-20b cold 260
+	peers llama3-8b cold 280
+	# where a process's first load loses time against its later ones: when
+	# each share of the bytes was ready, two streamed loads in one process
+	timeout 40 python3 bench/first_load.py timeline "$WORK/ck/gpt-oss-20b" >"$OUT/first-load.txt" 2>&1
 	;;
 *)
-	echo "gpu-side-by-side: STEP=$STEP: 1, 2, 3 or 4" >&2
+	echo "gpu-side-by-side: STEP=$STEP: 1, 2 or 3" >&2
 	exit 2
 	;;
 esac
