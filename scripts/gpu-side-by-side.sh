@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root: the whole side-by-side of
-# bench/peers.py (fst and every peer, warm and cold, two alternating rounds
-# each, on both checkpoints of bench/make_checkpoints.py) in three steps, one
-# device call each, called back to back on one machine (its /tmp keeps the
+# bench/peers.py (fst and every peer, warm and cold, alternating rounds, on
+# both checkpoints of bench/make_checkpoints.py) in steps, one device call
+# each, called back to back on one machine (its /tmp keeps the
 # checkpoints, the installed wheel and the runs' JSON between calls):
 #   STEP=1  the wheel installed (WHEEL_CHECK=1: scripts/gpu-wheel.sh, its
 #           checks too), the machine, both checkpoints, warm on both (2
 #           rounds each)
-#   STEP=2  cold round 1 on both
-#   STEP=3  cold round 2 on both (the loaders in reverse order), then two
-#           streamed loads in one process (first-load.txt: when each share of
-#           the bytes was ready, bench/first_load.py)
+#   STEP=2  one more cold round on both (run it once per round: each round
+#           after the first runs the loaders in the other round's order
+#           reversed), then, with ALSO_FIRST_LOAD=1, step 3
+#   STEP=3  gpt-oss-20b read into the page cache, then two streamed loads in
+#           one process (first-load.txt: when each share of the bytes was
+#           ready, bench/first_load.py)
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
 # pass took 10-15 s there, a cold one about 25 s: bench/results/
 # h200-2026-12-02-sbs); a cold round is one peers.py run continued with
 # --append, so a step cut short loses only its last pass. Every loader's bytes
 # are checked in its first warm pass, fst's also in its first cold pass. Each
-# step copies what it touched to OUT.
+# step copies what it touched to OUT (at most 8 files).
 set -uo pipefail
 STEP=${STEP:?STEP=1, 2 or 3}
 OUT=${OUT:-/tmp/fst-sbs-out}
@@ -49,20 +51,25 @@ case $STEP in
 1)
 	date +%T >"$OUT/times.txt"
 	OUT=$OUT bash scripts/gpu-install.sh
+	# a call brings back at most 8 files: the wheel's line goes with the machine
+	cat "$OUT/wheel.txt" >>"$OUT/machine.txt" && rm -f "$OUT/wheel.txt"
 	peers gpt-oss-20b warm 300
 	cp "$RES/checkpoints.txt" "$OUT/" 2>/dev/null
 	peers llama3-8b warm 240
 	;;
-2)
-	peers gpt-oss-20b cold 260
-	peers llama3-8b cold 280
-	;;
-3)
-	peers gpt-oss-20b cold 260
-	peers llama3-8b cold 280
-	# where a process's first load loses time against its later ones: when
-	# each share of the bytes was ready, two streamed loads in one process
-	timeout 40 python3 bench/first_load.py timeline "$WORK/ck/gpt-oss-20b" >"$OUT/first-load.txt" 2>&1
+2 | 3)
+	if [ "$STEP" = 2 ]; then
+		peers gpt-oss-20b cold 260
+		peers llama3-8b cold 280
+	fi
+	if [ "$STEP" = 3 ] || [ "${ALSO_FIRST_LOAD:-0}" = 1 ]; then
+		# where a process's first load loses time against its later ones:
+		# when each share of the bytes was ready, two streamed loads in one
+		# process, from the page cache (a cold pass just scrubbed it)
+		cat "$WORK"/ck/gpt-oss-20b/*.safetensors >/dev/null
+		timeout 40 python3 bench/first_load.py timeline "$WORK/ck/gpt-oss-20b" \
+			>"$OUT/first-load.txt" 2>&1
+	fi
 	;;
 *)
 	echo "gpu-side-by-side: STEP=$STEP: 1, 2 or 3" >&2
