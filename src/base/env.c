@@ -43,6 +43,10 @@ static const char *const names[FSTI_ENV_COUNT] = {
 	 * stretch with an optional :direct or :readahead kept whatever the
 	 * rates; at each load */
 	[FSTI_ENV_COLD_PROBE] = "FST_COLD_PROBE",
+	/* io_uring reads through the page cache instead of O_DIRECT: off
+	 * (default), random (the kernel's readahead off) or readahead; at
+	 * each load */
+	[FSTI_ENV_URING_PAGE_CACHE] = "FST_URING_PAGE_CACHE",
 	/* the libcurl to open instead of libcurl.so.4; read once (net/curl.c) */
 	[FSTI_ENV_CURL_LIBRARY] = "FST_CURL_LIBRARY",
 	/* The AWS SDKs' variables, read at each open of a remote checkpoint

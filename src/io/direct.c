@@ -1,7 +1,8 @@
 /*
  * direct.c - O_DIRECT descriptors for files already opened and validated:
  * reopened so that only the very file opened is ever read, and cached per
- * load for the io_uring reader.
+ * load for the io_uring reader (or, under FST_URING_PAGE_CACHE, descriptors
+ * of their own without O_DIRECT, read in the same requests).
  */
 #include "io.h"
 
@@ -13,17 +14,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int fsti_open_direct(const fst_file *f, bool *other_file, char *why, size_t why_size)
+/* The file opened as f, again, with flags; -1 with why where refused or
+ * where the path names another file now (*other_file). */
+static int reopen(const fst_file *f, int flags, bool *other_file, char *why, size_t why_size)
 {
 	*other_file = false;
 	char self[64];
 	snprintf(self, sizeof self, "/proc/self/fd/%d", f->fd);
-	int fd = open(self, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	int fd = open(self, O_RDONLY | O_CLOEXEC | flags);
 	if (fd < 0)
-		fd = open(f->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+		fd = open(f->path, O_RDONLY | O_CLOEXEC | flags);
 	if (fd < 0) {
 		int e = errno;
-		snprintf(why, why_size, "O_DIRECT refused: %s", strerror(e));
+		snprintf(why, why_size, "%s refused: %s", flags & O_DIRECT ? "O_DIRECT" : "open",
+			 strerror(e));
 		errno = e;
 		return -1;
 	}
@@ -37,14 +41,48 @@ int fsti_open_direct(const fst_file *f, bool *other_file, char *why, size_t why_
 	return fd;
 }
 
+int fsti_open_direct(const fst_file *f, bool *other_file, char *why, size_t why_size)
+{
+	return reopen(f, O_DIRECT, other_file, why, why_size);
+}
+
+int fsti_page_cache_mode(enum fsti_page_cache *out, fst_error *err)
+{
+	const char *v = fsti_env(FSTI_ENV_URING_PAGE_CACHE);
+	*out = FSTI_PAGE_CACHE_OFF;
+	if (!v || !strcmp(v, "off"))
+		return 0;
+	if (!strcmp(v, "random"))
+		*out = FSTI_PAGE_CACHE_RANDOM;
+	else if (!strcmp(v, "readahead"))
+		*out = FSTI_PAGE_CACHE_READAHEAD;
+	else
+		return fsti_err(err, FST_EUSAGE, "%s=\"%s\": expected off, random or readahead",
+				fsti_env_name(FSTI_ENV_URING_PAGE_CACHE), v);
+	return 0;
+}
+
+const char *fsti_page_cache_text(enum fsti_page_cache mode)
+{
+	switch (mode) {
+	case FSTI_PAGE_CACHE_RANDOM:
+		return "io_uring through the page cache, readahead off (FST_URING_PAGE_CACHE=random)";
+	case FSTI_PAGE_CACHE_READAHEAD:
+		return "io_uring through the page cache (FST_URING_PAGE_CACHE=readahead)";
+	default:
+		return "";
+	}
+}
+
 struct fsti_direct_fds {
 	pthread_mutex_t lock;
 	size_t n;
 	bool refusal_logged;
+	enum fsti_page_cache mode;
 	int fd[]; /* -2: not tried yet, -1: refused */
 };
 
-struct fsti_direct_fds *fsti_direct_fds_new(size_t nfiles)
+struct fsti_direct_fds *fsti_direct_fds_new(size_t nfiles, enum fsti_page_cache mode)
 {
 	struct fsti_direct_fds *d = fsti_malloc(sizeof *d + (nfiles + 1) * sizeof(int));
 	if (!d)
@@ -52,6 +90,7 @@ struct fsti_direct_fds *fsti_direct_fds_new(size_t nfiles)
 	pthread_mutex_init(&d->lock, NULL);
 	d->n = nfiles;
 	d->refusal_logged = false;
+	d->mode = mode;
 	for (size_t i = 0; i < nfiles; i++)
 		d->fd[i] = -2;
 	return d;
@@ -66,12 +105,16 @@ int fsti_direct_fd(struct fsti_direct_fds *d, uint32_t i, const fst_file *f)
 	if (fd == -2) {
 		char why[96] = "";
 		bool other;
-		fd = fsti_open_direct(f, &other, why, sizeof why);
+		fd = reopen(f, d->mode == FSTI_PAGE_CACHE_OFF ? O_DIRECT : 0, &other, why,
+			    sizeof why);
+		/* a descriptor of its own: the advice touches no other reader */
+		if (fd >= 0 && d->mode == FSTI_PAGE_CACHE_RANDOM)
+			(void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
 		if (fd < 0 && !d->refusal_logged) {
 			d->refusal_logged = true;
-			fsti_log(FST_LOG_INFO, "%s: no O_DIRECT descriptor (%s); reading through "
-					       "the page cache",
-				 f->path, why);
+			fsti_log(FST_LOG_INFO, "%s: no %s descriptor (%s); reading through the "
+					       "page cache",
+				 f->path, d->mode == FSTI_PAGE_CACHE_OFF ? "O_DIRECT" : "second", why);
 		}
 		d->fd[i] = fd < 0 ? -1 : fd;
 	}

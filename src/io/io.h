@@ -128,12 +128,26 @@ int fsti_pread_exact(int fd, const char *path, void *dst, uint64_t len, uint64_t
  * another file now (a change, not a refusal). */
 int fsti_open_direct(const fst_file *f, bool *other_file, char *why, size_t why_size);
 
-/* A load's cache of O_DIRECT descriptors, one per file, opened on first
- * use and closed by fsti_direct_fds_free; it has its own lock. NULL when
- * out of memory. */
-struct fsti_direct_fds *fsti_direct_fds_new(size_t nfiles);
+/* How io_uring's descriptors read (FST_URING_PAGE_CACHE): with O_DIRECT
+ * (the default), or through the page cache in the same aligned requests,
+ * with the kernel's readahead off (POSIX_FADV_RANDOM: the disk sees the
+ * reader's own requests) or as the kernel does it. For measuring whether
+ * the page cache can keep O_DIRECT's cold rate and the model for the next
+ * start (docs/design.md, "Cold reads"). */
+enum fsti_page_cache { FSTI_PAGE_CACHE_OFF, FSTI_PAGE_CACHE_RANDOM, FSTI_PAGE_CACHE_READAHEAD };
+/* The mode FST_URING_PAGE_CACHE asks for; another value: FST_EUSAGE. */
+int fsti_page_cache_mode(enum fsti_page_cache *out, fst_error *err);
+/* "" for FSTI_PAGE_CACHE_OFF, else what the description says of the mode. */
+const char *fsti_page_cache_text(enum fsti_page_cache mode);
+
+/* A load's cache of io_uring descriptors, one per file, opened on first
+ * use and closed by fsti_direct_fds_free; it has its own lock. mode says
+ * whether they are O_DIRECT ones. NULL when out of memory. */
+struct fsti_direct_fds *fsti_direct_fds_new(size_t nfiles, enum fsti_page_cache mode);
 /* The descriptor for file i (f), or -1 when the file cannot be read with
- * O_DIRECT (then read through the page cache); the first refusal is logged. */
+ * O_DIRECT (then read through the page cache); the first refusal is logged.
+ * Under a page-cache mode it is a descriptor of its own, without O_DIRECT,
+ * read in the same aligned requests. */
 int fsti_direct_fd(struct fsti_direct_fds *d, uint32_t i, const fst_file *f);
 void fsti_direct_fds_free(struct fsti_direct_fds *d);
 

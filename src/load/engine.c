@@ -402,7 +402,9 @@ static int choose_io(struct fsti_engine *e, fst_error *err)
 		e->reader = uring ? &fsti_reader_uring : &fsti_reader_pread;
 		e->cold_direct = uring;
 		snprintf(e->why, sizeof e->why, "auto: %s%s", pct,
-			 uring ? ", cold files read with O_DIRECT" : "");
+			 !uring ? ""
+			 : e->page_cache ? ", cold files read with io_uring"
+					 : ", cold files read with O_DIRECT");
 		return 0;
 	}
 	}
@@ -445,11 +447,16 @@ static void describe(struct fsti_engine *e)
 		fsti_size_text(stretch, sizeof stretch, e->probe.stretch);
 		snprintf(probe, sizeof probe, ", the faster way kept after %s read each way", stretch);
 	}
-	snprintf(e->describe, sizeof e->describe, "%s%s%s%s, %u thread%s, %s chunks%s%s%s: %s%s%s%s%s",
+	/* the page-cache mode, where io_uring reads */
+	const char *cache = e->reader == &fsti_reader_uring || e->probe.on
+				    ? fsti_page_cache_text(e->page_cache)
+				    : "";
+	snprintf(e->describe, sizeof e->describe,
+		 "%s%s%s%s, %u thread%s, %s chunks%s%s%s: %s%s%s%s%s%s%s",
 		 fsti_gds_direct_count(e->gds) ? "cuFile where registered, else " : "", e->reader->name,
 		 e->probe.on ? " or uring (O_DIRECT)" : "", how, e->nthreads,
 		 e->nthreads == 1 ? "" : "s", chunk, streams, ahead, probe, e->why,
-		 e->platform_why[0] ? "; " : "", e->platform_why,
+		 cache[0] ? "; " : "", cache, e->platform_why[0] ? "; " : "", e->platform_why,
 		 fsti_gds_why(e->gds)[0] ? "; " : "", fsti_gds_why(e->gds));
 }
 
@@ -492,6 +499,8 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		if (!rc && !pieces)
 			rc = fsti_unified_decide(e, err);
 	}
+	if (!rc)
+		rc = fsti_page_cache_mode(&e->page_cache, err);
 	if (!rc)
 		rc = fsti_checkpoint_is_remote(ck) ? choose_remote(e, opts, err)
 						   : choose_io(e, err);
@@ -661,7 +670,7 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 	}
 	e->src.ck = ck;
 	e->src.stop = &e->stop;
-	e->src.direct = fsti_direct_fds_new(fst_checkpoint_file_count(ck));
+	e->src.direct = fsti_direct_fds_new(fst_checkpoint_file_count(ck), e->page_cache);
 	if (!e->ready || !e->remaining || !e->src.direct || (e->nruns && !e->run_next)) {
 		rc = fsti_err(err, FST_ENOMEM, "out of memory for the loader");
 		goto fail;

@@ -169,7 +169,9 @@ struct fsti_engine {
 	 * GPU, the tensors are its device addresses; write_base is where the
 	 * readers and the host sink write (buf->base everywhere else) */
 	bool unified;
-	bool cold_direct; /* io=auto chose O_DIRECT for cold files */
+	bool cold_direct; /* io=auto chose io_uring (O_DIRECT) for cold files */
+	/* FST_URING_PAGE_CACHE: io_uring's reads through the page cache */
+	enum fsti_page_cache page_cache;
 	char *write_base;
 	char platform_why[400];
 	struct fsti_probe probe;

@@ -4,8 +4,12 @@
  * for no readahead, and says so; a chunk size or thread count the caller
  * gives stands. Files in the page cache, readahead asked for, FST_COLD_PROBE
  * set and loads into host memory read with pread; readahead off reads cold
- * files with O_DIRECT. Every tensor of every load equals the file. */
+ * files with O_DIRECT. FST_URING_PAGE_CACHE (random, readahead) makes
+ * io_uring read through the page cache instead, which then holds the files,
+ * as O_DIRECT's loads leave it without them; another value is a usage
+ * error naming the variable. Every tensor of every load equals the file. */
 #include "cuda_helpers.h"
+#include "io.h" /* fsti_cached_fraction */
 
 static ch_ckpt c;
 static bool can_evict;
@@ -23,6 +27,7 @@ static int group_teardown(void **state)
 {
 	ch_close(&c);
 	unsetenv("FST_COLD_PROBE");
+	unsetenv("FST_URING_PAGE_CACHE");
 	return ch_teardown(state);
 }
 
@@ -130,6 +135,74 @@ static void test_where_auto_keeps_pread(void **state)
 		fail_msg("cold, cpu: no readahead requested");
 }
 
+/* The share of the checkpoint in the page cache after a cold load with o
+ * under FST_URING_PAGE_CACHE=mode (NULL: unset). */
+static double cached_after(const fst_load_opts *o, const char *mode, const char *want,
+			   const char *refuse, const char *ctx)
+{
+	if (mode)
+		setenv("FST_URING_PAGE_CACHE", mode, 1);
+	else
+		unsetenv("FST_URING_PAGE_CACHE");
+	load_says(o, true, want, refuse, ctx);
+	unsetenv("FST_URING_PAGE_CACHE");
+	return fsti_cached_fraction(c.ck);
+}
+
+static void test_page_cache_modes(void **state)
+{
+	(void)state;
+	if (!can_evict || !ch_uring_ok)
+		skip();
+	unsetenv("FST_COLD_PROBE");
+	fst_load_opts o;
+	ch_opts(&o, "cuda:0", FST_IO_AUTO, 0, 0);
+
+	double d = cached_after(&o, NULL, "uring|cold files read with O_DIRECT",
+				"through the page cache",
+				"O_DIRECT");
+	if (d >= 0.5)
+		fail_msg("O_DIRECT: %.0f%% of the files in the page cache after the load", d * 100);
+
+	double r = cached_after(&o, "random",
+				"uring|512 KiB chunks|cold files read with io_uring|"
+				"through the page cache, readahead off (FST_URING_PAGE_CACHE=random)",
+				"O_DIRECT", "random");
+	if (r < 0.9)
+		fail_msg("random: %.0f%% of the files in the page cache after the load", r * 100);
+
+	fst_load_opts u = o;
+	u.io = FST_IO_URING;
+	double a = cached_after(&u, "readahead",
+				"uring|asked for (io=uring)|(FST_URING_PAGE_CACHE=readahead)",
+				"readahead off", "readahead, io=uring");
+	if (a < 0.9)
+		fail_msg("readahead: %.0f%% of the files in the page cache after the load", a * 100);
+
+	fst_load_opts h = u;
+	h.device = "cpu";
+	double cpu = cached_after(&h, "random", "uring|(FST_URING_PAGE_CACHE=random)", NULL,
+				  "random, cpu");
+	if (cpu < 0.9)
+		fail_msg("random, cpu: %.0f%% of the files in the page cache after the load",
+			 cpu * 100);
+
+	/* off is the default, said out loud */
+	double off = cached_after(&u, "off", "uring", "through the page cache", "off");
+	if (off >= 0.5)
+		fail_msg("off: %.0f%% of the files in the page cache after the load", off * 100);
+
+	setenv("FST_URING_PAGE_CACHE", "direct", 1);
+	fst_error err;
+	fst_buffer *buf = NULL;
+	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EUSAGE);
+	assert_null(buf);
+	assert_non_null(strstr(err.message, "FST_URING_PAGE_CACHE=\"direct\": expected off, "
+					    "random or readahead"));
+	unsetenv("FST_URING_PAGE_CACHE");
+	ch_assert_clean("bad FST_URING_PAGE_CACHE", c.host_base);
+}
+
 int main(void)
 {
 	int rc = ch_init();
@@ -138,6 +211,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_cold_staged_reads_direct, ch_reset),
 		cmocka_unit_test_setup(test_where_auto_keeps_pread, ch_reset),
+		cmocka_unit_test_setup(test_page_cache_modes, ch_reset),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
