@@ -202,7 +202,7 @@ def test_extra_config_reaches_fst(model_dir, monkeypatch):
 
     monkeypatch.setattr(fst, "iter_tensors", spy)
     opts = {"threads": 3, "staging_bytes": 1 << 22, "chunk_bytes": 1 << 16, "io": "uring",
-            "gds": "off"}
+            "gds": "off", "readahead_bytes": 1 << 20}
     _assert_same(dict(_iterate(_loader(opts), model_dir)), _reference(model_dir))
     assert seen and all(all(k[o] == v for o, v in opts.items()) for k in seen)
 
@@ -210,6 +210,7 @@ def test_extra_config_reaches_fst(model_dir, monkeypatch):
 @pytest.mark.parametrize("extra, words", [
     ({"threads": -1}, "'threads'"), ({"threads": "4"}, "'threads'"),
     ({"threads": True}, "'threads'"), ({"io": "mmap"}, "'io'"), ({"gds": "yes"}, "'gds'"),
+    ({"readahead_bytes": -1}, "'readahead_bytes'"),
 ])
 def test_bad_extra_config(extra, words):
     with pytest.raises(ValueError, match=words):

@@ -15,7 +15,8 @@ only the weights iterator.
 - `local_expert_ids` (expert-parallel filtering): expert weights of other
   ranks are not read at all (fst's name filter).
 - `model_loader_extra_config` takes fst's options: threads, staging_bytes,
-  chunk_bytes, io ("auto", "pread", "uring"), gds ("auto", "on", "off").
+  chunk_bytes, readahead_bytes, io ("auto", "pread", "uring"), gds ("auto",
+  "on", "off").
 
 Written against vLLM 0.33's loader API (docs/engines.md).
 """
@@ -29,7 +30,7 @@ WRITTEN_FOR = "0.33"
 LOAD_FORMAT = "fst"
 
 # model_loader_extra_config keys taken by fst, with their checks.
-_INT_OPTIONS = ("threads", "staging_bytes", "chunk_bytes")
+_INT_OPTIONS = ("threads", "staging_bytes", "chunk_bytes", "readahead_bytes")
 _CHOICES = {"io": ("auto", "pread", "uring"), "gds": ("auto", "on", "off")}
 
 
