@@ -154,7 +154,17 @@ void fsti_direct_fds_free(struct fsti_direct_fds *d);
 /* ---- page cache residency (residency.c) */
 
 /* Fraction (0..1) of the checkpoint's data pages resident in the page cache,
- * sampled; -1 when it cannot be told. */
+ * sampled; -1 when it cannot be told. Each file is sampled with mincore
+ * where mincore can tell, else by reads that only take what the page cache
+ * holds (preadv2 RWF_NOWAIT). */
 double fsti_cached_fraction(const fst_checkpoint *ck);
+/* The same with the way chosen (for tests): AUTO as above, or one for every
+ * file. */
+enum fsti_residency_probe { FSTI_RESIDENCY_AUTO, FSTI_RESIDENCY_MINCORE, FSTI_RESIDENCY_NOWAIT };
+double fsti_cached_fraction_by(const fst_checkpoint *ck, enum fsti_residency_probe how);
+/* Whether mincore reports the page cache of the file open as fd: Linux
+ * answers only for its owner, a caller who could open it for writing, or
+ * one with CAP_FOWNER, and calls every page resident for the others. */
+bool fsti_mincore_tells(int fd);
 
 #endif

@@ -18,6 +18,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -99,6 +100,21 @@ static double resident(const struct files *fs, char *why, size_t whylen)
 				 fd < 0 ? "open" : "map", strerror(errno));
 			if (fd >= 0)
 				close(fd);
+			rc = -1;
+			break;
+		}
+		/* Linux's mincore tells the page cache only to a file's owner,
+		 * to a caller who could open it for writing, and to root (more
+		 * exactly CAP_FOWNER; src/io/residency.c), and calls every page
+		 * resident for the others */
+		struct stat st;
+		if (fstat(fd, &st) || (st.st_uid != geteuid() && geteuid() != 0 &&
+				       faccessat(AT_FDCWD, fs->path[i], W_OK, AT_EACCESS))) {
+			snprintf(why, whylen,
+				 "%.100s: mincore tells its pages only to its owner or a writer",
+				 fs->path[i]);
+			munmap(m, fs->size[i]);
+			close(fd);
 			rc = -1;
 			break;
 		}

@@ -1,0 +1,186 @@
+/* Description: how much of a checkpoint the page cache holds. The mincore
+ * sample and the RWF_NOWAIT one agree on a file evicted, half read and
+ * read whole; mincore is trusted for a file of the caller's own. For a file
+ * the caller neither owns nor could write (a root-owned model read by a
+ * service user, where Linux's mincore calls every page resident), the
+ * sample still says cold when it is cold and warm when it is warm; a second
+ * sample of a cold file says cold too (its windows are not the first's). */
+#include "io.h"
+#include "load_helpers.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define FILE_BYTES (128u << 20) /* 32768 pages: sampled in 64 windows */
+
+static char dir[600];
+static char path[700];
+static fst_checkpoint *ck;
+
+/* One U8 tensor of FILE_BYTES: the data starts after a header padded to
+ * 4096 bytes, so the file's pages are the tensor's. */
+static int group_setup(void **state)
+{
+	(void)state;
+	snprintf(dir, sizeof dir, "%s/residency.XXXXXX", test_tmpdir());
+	if (!mkdtemp(dir))
+		return -1;
+	snprintf(path, sizeof path, "%s/model.safetensors", dir);
+	char header[4096 - 8];
+	int n = snprintf(header, sizeof header,
+			 "{\"t\":{\"dtype\":\"U8\",\"shape\":[%u],\"data_offsets\":[0,%u]}}",
+			 FILE_BYTES, FILE_BYTES);
+	memset(header + n, ' ', sizeof header - (size_t)n);
+	uint64_t len = sizeof header;
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		return -1;
+	fwrite(&len, 8, 1, f);
+	fwrite(header, 1, sizeof header, f);
+	char block[4096];
+	for (unsigned i = 0; i < FILE_BYTES / sizeof block; i++) {
+		memset(block, (int)(i * 131u), sizeof block);
+		fwrite(block, 1, sizeof block, f);
+	}
+	if (fclose(f))
+		return -1;
+	ck = lh_open(path);
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	(void)state;
+	fst_checkpoint_close(ck);
+	lh_rmdir(dir);
+	return 0;
+}
+
+/* Read [0, len) of the file through the page cache, and no more: a
+ * descriptor of its own with the kernel's readahead off. */
+static void read_prefix(uint64_t len)
+{
+	char self[64];
+	snprintf(self, sizeof self, "/proc/self/fd/%d", fst_file_fd(fst_checkpoint_file(ck, 0)));
+	int fd = open(self, O_RDONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM), 0);
+	static char buf[1 << 16];
+	for (uint64_t off = 0; off < len;) {
+		ssize_t got = pread(fd, buf, (size_t)FSTI_MIN(len - off, sizeof buf), (off_t)off);
+		assert_true(got > 0);
+		off += (uint64_t)got;
+	}
+	close(fd);
+}
+
+/* Whether eviction works here (not on tmpfs): else the test skips. */
+static bool evicted(void)
+{
+	lh_evict(ck);
+	return fsti_cached_fraction_by(ck, FSTI_RESIDENCY_MINCORE) < 0.1;
+}
+
+/* Evict once the reads an RWF_NOWAIT sample started have landed: every page
+ * out, and still out a little later (up to 2 s). */
+static void evict_settled(void)
+{
+	for (int i = 0; i < 100; i++) {
+		lh_evict(ck);
+		usleep(20000);
+		if (fsti_cached_fraction_by(ck, FSTI_RESIDENCY_MINCORE) == 0)
+			return;
+	}
+	fail_msg("the file does not stay out of the page cache");
+}
+
+static void test_probes_agree(void **state)
+{
+	(void)state;
+	assert_true(fsti_mincore_tells(fst_file_fd(fst_checkpoint_file(ck, 0))));
+	if (!evicted())
+		skip();
+	/* (a probe of a miss starts the read of what it asked for: evict again) */
+	double n = fsti_cached_fraction_by(ck, FSTI_RESIDENCY_NOWAIT);
+	if (n < 0)
+		skip(); /* no RWF_NOWAIT on this filesystem */
+	if (n > 0.1)
+		fail_msg("evicted: RWF_NOWAIT says %.2f in the page cache", n);
+
+	evict_settled();
+	read_prefix(4096 + FILE_BYTES / 2);
+	double m = fsti_cached_fraction_by(ck, FSTI_RESIDENCY_MINCORE);
+	n = fsti_cached_fraction_by(ck, FSTI_RESIDENCY_NOWAIT);
+	if (m < 0.4 || m > 0.6 || n < 0.4 || n > 0.6)
+		fail_msg("half read: mincore %.2f, RWF_NOWAIT %.2f", m, n);
+
+	read_prefix(4096 + FILE_BYTES);
+	m = fsti_cached_fraction_by(ck, FSTI_RESIDENCY_MINCORE);
+	n = fsti_cached_fraction_by(ck, FSTI_RESIDENCY_NOWAIT);
+	if (m < 0.99 || n < 0.99)
+		fail_msg("read whole: mincore %.2f, RWF_NOWAIT %.2f", m, n);
+	assert_true(fsti_cached_fraction(ck) > 0.99);
+}
+
+/* The child's checks, as a user who neither owns nor could write the file:
+ * 0, or the number of the one that failed. */
+static int as_another_user(void)
+{
+	if (setgid(65534) || setuid(65534))
+		return 10;
+	/* a process that changed its user is not dumpable, and its own
+	 * /proc/self/fd is then closed to it */
+	if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0))
+		return 11;
+	int fd = fst_file_fd(fst_checkpoint_file(ck, 0));
+	if (fsti_mincore_tells(fd))
+		return 1;
+	double mc = fsti_cached_fraction_by(ck, FSTI_RESIDENCY_MINCORE);
+	double cold = fsti_cached_fraction(ck);
+	fprintf(stderr, "as uid 65534, evicted: mincore says %.2f, the sample %.2f\n", mc, cold);
+	if (cold < 0 || cold > 0.1)
+		return 2;
+	/* not the pages the first sample brought in */
+	usleep(100000);
+	double again = fsti_cached_fraction(ck);
+	fprintf(stderr, "as uid 65534, sampled again: %.2f\n", again);
+	if (again > 0.15)
+		return 4;
+	read_prefix(4096 + FILE_BYTES);
+	double warm = fsti_cached_fraction(ck);
+	fprintf(stderr, "as uid 65534, read whole: the sample %.2f\n", warm);
+	if (warm < 0.99)
+		return 3;
+	return 0;
+}
+
+static void test_not_the_owner(void **state)
+{
+	(void)state;
+	if (geteuid() != 0)
+		skip(); /* it takes root to become another user */
+	if (!evicted() || fsti_cached_fraction_by(ck, FSTI_RESIDENCY_NOWAIT) < 0)
+		skip();
+	evict_settled();
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0)
+		_exit(as_another_user());
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	if (WEXITSTATUS(status))
+		fail_msg("as another user: check %d failed", WEXITSTATUS(status));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_probes_agree),
+		cmocka_unit_test(test_not_the_owner),
+	};
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
