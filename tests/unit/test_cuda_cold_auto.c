@@ -70,14 +70,23 @@ static long load_says(const fst_load_opts *o, bool evict, const char *want, cons
 	return asked;
 }
 
-static void test_cold_staged_reads_direct(void **state)
+/* io=auto onto cuda:0 with every other option left to fst, the probe and
+ * the page-cache mode unset; skips where the files cannot be made cold or
+ * io_uring is unavailable. */
+static void cold_auto_opts(fst_load_opts *o)
 {
-	(void)state;
 	if (!can_evict || !ch_uring_ok)
 		skip();
 	unsetenv("FST_COLD_PROBE");
+	unsetenv("FST_URING_PAGE_CACHE");
+	ch_opts(o, "cuda:0", FST_IO_AUTO, 0, 0);
+}
+
+static void test_cold_staged_reads_direct(void **state)
+{
+	(void)state;
 	fst_load_opts o;
-	ch_opts(&o, "cuda:0", FST_IO_AUTO, 0, 0);
+	cold_auto_opts(&o);
 	long asked = load_says(&o, true, "uring|512 KiB chunks|cold files read with O_DIRECT",
 			       "readahead", "cold, defaults");
 	assert_int_equal(asked, 0);
@@ -104,11 +113,9 @@ static void test_cold_staged_reads_direct(void **state)
 static void test_where_auto_keeps_pread(void **state)
 {
 	(void)state;
-	if (!can_evict || !ch_uring_ok)
-		skip();
-	unsetenv("FST_COLD_PROBE");
 	fst_load_opts o;
-	ch_opts(&o, "cuda:0", FST_IO_AUTO, 3, 0);
+	cold_auto_opts(&o);
+	o.threads = 3;
 	o.chunk_bytes = 64 << 10;
 
 	/* in the page cache */
@@ -152,15 +159,11 @@ static double cached_after(const fst_load_opts *o, const char *mode, const char 
 static void test_page_cache_modes(void **state)
 {
 	(void)state;
-	if (!can_evict || !ch_uring_ok)
-		skip();
-	unsetenv("FST_COLD_PROBE");
 	fst_load_opts o;
-	ch_opts(&o, "cuda:0", FST_IO_AUTO, 0, 0);
+	cold_auto_opts(&o);
 
 	double d = cached_after(&o, NULL, "uring|cold files read with O_DIRECT",
-				"through the page cache",
-				"O_DIRECT");
+				"through the page cache", "O_DIRECT");
 	if (d >= 0.5)
 		fail_msg("O_DIRECT: %.0f%% of the files in the page cache after the load", d * 100);
 
