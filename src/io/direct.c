@@ -14,9 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The file opened as f, again, with flags; -1 with why where refused or
- * where the path names another file now (*other_file). */
-static int reopen(const fst_file *f, int flags, bool *other_file, char *why, size_t why_size)
+int fsti_reopen(const fst_file *f, int flags, bool *other_file, char *why, size_t why_size)
 {
 	*other_file = false;
 	char self[64];
@@ -43,7 +41,7 @@ static int reopen(const fst_file *f, int flags, bool *other_file, char *why, siz
 
 int fsti_open_direct(const fst_file *f, bool *other_file, char *why, size_t why_size)
 {
-	return reopen(f, O_DIRECT, other_file, why, why_size);
+	return fsti_reopen(f, O_DIRECT, other_file, why, why_size);
 }
 
 int fsti_page_cache_mode(enum fsti_page_cache *out, fst_error *err)
@@ -105,7 +103,7 @@ int fsti_direct_fd(struct fsti_direct_fds *d, uint32_t i, const fst_file *f)
 	if (fd == -2) {
 		char why[96] = "";
 		bool other;
-		fd = reopen(f, d->mode == FSTI_PAGE_CACHE_OFF ? O_DIRECT : 0, &other, why,
+		fd = fsti_reopen(f, d->mode == FSTI_PAGE_CACHE_OFF ? O_DIRECT : 0, &other, why,
 			    sizeof why);
 		/* a descriptor of its own: the advice touches no other reader */
 		if (fd >= 0 && d->mode == FSTI_PAGE_CACHE_RANDOM)

@@ -127,6 +127,9 @@ int fsti_pread_exact(int fd, const char *path, void *dst, uint64_t len, uint64_t
  * Returns it, or -1 with the reason in why; *other_file says the path names
  * another file now (a change, not a refusal). */
 int fsti_open_direct(const fst_file *f, bool *other_file, char *why, size_t why_size);
+/* The same with the caller's open flags (0: a plain read-only descriptor of
+ * its own, for advice that must touch no other reader). */
+int fsti_reopen(const fst_file *f, int flags, bool *other_file, char *why, size_t why_size);
 
 /* How io_uring's descriptors read (FST_URING_PAGE_CACHE): with O_DIRECT
  * (the default), or through the page cache in the same aligned requests,

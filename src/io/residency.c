@@ -16,7 +16,8 @@
  * does not find the pages an earlier one brought in, each window is put at
  * a random place in its stretch of the file.
  *
- * Dependencies: base, format (the files' descriptors).
+ * Dependencies: base, format (the files' descriptors), direct.c (a
+ * descriptor of its own).
  */
 #include "io.h"
 
@@ -123,12 +124,12 @@ static int sample_mincore(int fd, uint64_t size, uint64_t page, uint64_t *reside
 	return 0;
 }
 
-static int sample_nowait(int fd, uint64_t size, uint64_t page, uint64_t *resident,
+static int sample_nowait(const fst_file *f, uint64_t size, uint64_t page, uint64_t *resident,
 			 uint64_t *probed)
 {
-	char self[64];
-	snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
-	int own = open(self, O_RDONLY | O_CLOEXEC);
+	char why[96];
+	bool other;
+	int own = fsti_reopen(f, 0, &other, why, sizeof why);
 	if (own < 0)
 		return -1;
 	(void)posix_fadvise(own, 0, 0, POSIX_FADV_RANDOM);
@@ -178,7 +179,7 @@ double fsti_cached_fraction_by(const fst_checkpoint *ck, enum fsti_residency_pro
 		bool mincore_ok = how == FSTI_RESIDENCY_MINCORE ||
 				  (how == FSTI_RESIDENCY_AUTO && fsti_mincore_tells(fd));
 		int rc = mincore_ok ? sample_mincore(fd, size, page, &resident, &probed)
-				    : sample_nowait(fd, size, page, &resident, &probed);
+				    : sample_nowait(f, size, page, &resident, &probed);
 		if (rc)
 			return -1;
 	}
