@@ -51,7 +51,7 @@ static int parse_errno(const char *s)
 	static const struct { const char *name; int value; } names[] = {
 		{"EIO", EIO}, {"ENOMEM", ENOMEM}, {"ENOSPC", ENOSPC}, {"EINTR", EINTR},
 		{"EAGAIN", EAGAIN}, {"EACCES", EACCES}, {"ENOENT", ENOENT}, {"EINVAL", EINVAL},
-		{"EBADF", EBADF}, {"EFAULT", EFAULT}, {"ENODEV", ENODEV},
+		{"EBADF", EBADF}, {"EFAULT", EFAULT}, {"ENODEV", ENODEV}, {"EOPNOTSUPP", EOPNOTSUPP},
 	};
 	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
 		if (!strcmp(s, names[i].name))

@@ -77,14 +77,23 @@ struct fsti_direct_fds {
 	size_t n;
 	bool refusal_logged;
 	enum fsti_page_cache mode;
+	/* per file: O_DIRECT reads refused after the open (fsti_direct_refuse);
+	 * its descriptor stays open (requests may be in flight on it) until
+	 * fsti_direct_fds_free */
+	bool *read_refused;
 	int fd[]; /* -2: not tried yet, -1: refused */
 };
 
 struct fsti_direct_fds *fsti_direct_fds_new(size_t nfiles, enum fsti_page_cache mode)
 {
 	struct fsti_direct_fds *d = fsti_malloc(sizeof *d + (nfiles + 1) * sizeof(int));
-	if (!d)
+	bool *refused = fsti_calloc(nfiles + 1, sizeof *refused);
+	if (!d || !refused) {
+		fsti_free(d);
+		fsti_free(refused);
 		return NULL;
+	}
+	d->read_refused = refused;
 	pthread_mutex_init(&d->lock, NULL);
 	d->n = nfiles;
 	d->refusal_logged = false;
@@ -99,6 +108,10 @@ int fsti_direct_fd(struct fsti_direct_fds *d, uint32_t i, const fst_file *f)
 	if (!d || i >= d->n)
 		return -1;
 	pthread_mutex_lock(&d->lock);
+	if (d->read_refused[i]) {
+		pthread_mutex_unlock(&d->lock);
+		return -1;
+	}
 	int fd = d->fd[i];
 	if (fd == -2) {
 		char why[96] = "";
@@ -120,6 +133,20 @@ int fsti_direct_fd(struct fsti_direct_fds *d, uint32_t i, const fst_file *f)
 	return fd;
 }
 
+void fsti_direct_refuse(struct fsti_direct_fds *d, uint32_t i, const char *path, int errnum)
+{
+	if (!d || i >= d->n)
+		return;
+	pthread_mutex_lock(&d->lock);
+	bool first = !d->read_refused[i];
+	d->read_refused[i] = true;
+	pthread_mutex_unlock(&d->lock);
+	if (first)
+		fsti_log(FST_LOG_INFO, "%s: O_DIRECT read refused (%s); reading the rest through "
+				       "the page cache",
+			 path, strerror(errnum));
+}
+
 void fsti_direct_fds_free(struct fsti_direct_fds *d)
 {
 	if (!d)
@@ -128,5 +155,6 @@ void fsti_direct_fds_free(struct fsti_direct_fds *d)
 		if (d->fd[i] >= 0)
 			close(d->fd[i]);
 	pthread_mutex_destroy(&d->lock);
+	fsti_free(d->read_refused);
 	fsti_free(d);
 }

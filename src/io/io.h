@@ -152,6 +152,10 @@ struct fsti_direct_fds *fsti_direct_fds_new(size_t nfiles, enum fsti_page_cache 
  * Under a page-cache mode it is a descriptor of its own, without O_DIRECT,
  * read in the same aligned requests. */
 int fsti_direct_fd(struct fsti_direct_fds *d, uint32_t i, const fst_file *f);
+/* File i's O_DIRECT reads failed (errnum) although its open succeeded: from
+ * now on fsti_direct_fd gives -1 for it (read through the page cache); the
+ * first refusal of a file is logged. */
+void fsti_direct_refuse(struct fsti_direct_fds *d, uint32_t i, const char *path, int errnum);
 void fsti_direct_fds_free(struct fsti_direct_fds *d);
 
 /* ---- page cache residency (residency.c) */

@@ -9,7 +9,11 @@
  * bytes. Each worker keeps two chunks' requests in flight while the sink
  * copies a third, so the copy hides behind the storage. Where O_DIRECT
  * is refused (tmpfs, some FUSE filesystems) the worker reads through the
- * page cache with the same ring, and the engine logs that once.
+ * page cache with the same ring, and the engine logs that once. A file
+ * whose O_DIRECT reads fail with EINVAL or EOPNOTSUPP although its open
+ * succeeded (a filesystem that wants larger alignment, e.g. ZFS on a
+ * kernel of 64 KiB pages) is read the same way from that read on: the
+ * request again on the file's own descriptor, into the same place.
  */
 #include "io.h"
 
@@ -39,6 +43,11 @@ struct window {
 	 * step bytes, one in flight at a time, the next one from next */
 	uint64_t step, next;
 	int fd;
+	/* O_DIRECT windows: the file's own descriptor for a read O_DIRECT
+	 * refuses, and where to say so; -1 otherwise */
+	int page_cache_fd;
+	struct fsti_direct_fds *direct;
+	uint32_t file;
 	int rc;
 	const char *path;
 	const char *where; /* the chunk's first byte, for wait */
@@ -47,6 +56,7 @@ struct window {
 
 struct req {
 	uint64_t at, n; /* offset within the window, length */
+	int fd;
 	struct window *win;
 };
 
@@ -111,7 +121,7 @@ static void queue_piece(struct uring_worker *w, struct window *win, uint64_t at,
 	/* never NULL: no more than DEPTH requests are queued or in flight */
 	io_uring_prep_read(sqe, win->fd, win->buf + at, (unsigned)n, win->off + at);
 	io_uring_sqe_set_data64(sqe, slot);
-	w->reqs[slot] = (struct req){at, n, win};
+	w->reqs[slot] = (struct req){at, n, win->fd, win};
 	win->pending++;
 }
 
@@ -129,6 +139,7 @@ static void window_start(struct uring_worker *w, struct window *win, int fd, uin
 	win->eof_at = UINT64_MAX;
 	win->pending = 0;
 	win->rc = 0;
+	win->page_cache_fd = -1;
 	win->step = step;
 	if (step) {
 		win->next = FSTI_MIN(step, len);
@@ -148,11 +159,21 @@ static void reap(struct uring_worker *w)
 		unsigned slot = (unsigned)io_uring_cqe_get_data64(cqe);
 		struct req r = w->reqs[slot];
 		struct window *win = r.win;
-		int res = fsti_fault("uring_complete") ? -EIO : cqe->res;
+		int fault = fsti_fault("uring_complete");
+		int res = fault ? -fault : cqe->res;
 		w->free_slots[w->nfree++] = slot;
 		win->pending--;
 		if (win->rc)
 			continue;
+		if ((res == -EINVAL || res == -EOPNOTSUPP) && win->page_cache_fd >= 0 &&
+		    r.fd != win->page_cache_fd) {
+			/* O_DIRECT refused at the read: this request and the
+			 * rest of the file through the page cache */
+			fsti_direct_refuse(win->direct, win->file, win->path, -res);
+			win->fd = win->page_cache_fd;
+			queue_piece(w, win, r.at, r.n);
+			continue;
+		}
 		if (res < 0) {
 			win->rc = fsti_err_sys(&win->err, FST_EIO, -res,
 					       "%s: read of %" PRIu64 " bytes at offset %" PRIu64
@@ -230,6 +251,9 @@ static int uring_start(const struct fsti_source *src, void *state, int slot, uin
 		uint64_t a0 = off & ~(uint64_t)(DIRECT_ALIGN - 1);
 		uint64_t a1 = (off + len + DIRECT_ALIGN - 1) & ~(uint64_t)(DIRECT_ALIGN - 1);
 		window_start(w, win, dfd, a0, a1 - a0, off + len - a0, src->direct_request_bytes);
+		win->page_cache_fd = f->fd;
+		win->direct = src->direct;
+		win->file = file;
 		win->where = buf + (off - a0);
 	}
 	int fault = fsti_fault("uring_submit");

@@ -6,7 +6,9 @@
  * no buffer, no live allocation and no descriptor left; the first N that
  * succeeds must give the file's bytes, and so must a fault-free load
  * afterwards. Also persistent faults ("read:1+"), errno choices (EINTR is
- * retried), and files that change under a load: truncated or touched after
+ * retried; EINVAL or EOPNOTSUPP from an O_DIRECT read is read again through
+ * the page cache, said once, and not from a read through the page cache),
+ * and files that change under a load: truncated or touched after
  * open, touched or truncated during a load, replaced by another file, a
  * shard that is a directory, an unreadable shard. */
 #include "engine.h"
@@ -419,6 +421,68 @@ static void test_eintr_retried(void **state)
 	fst_checkpoint_close(ck);
 }
 
+/* Every message at every level (the refusal below is logged at info). */
+static char all_log[4096];
+static void capture_all(void *ctx, int level, const char *message)
+{
+	(void)ctx;
+	(void)level;
+	size_t n = strlen(all_log);
+	snprintf(all_log + n, sizeof all_log - n, "%s\n", message);
+}
+
+/* An O_DIRECT read that fails with EINVAL or EOPNOTSUPP although the open
+ * succeeded (a filesystem that wants more alignment): that request and the
+ * rest of its file are read through the page cache, the bytes are the
+ * file's, and the refusal is said. The same error from a read through the
+ * page cache fails the load. */
+static void test_direct_read_refused(void **state)
+{
+	(void)state;
+	if (lh_io_skipped(FST_IO_URING))
+		skip();
+	write_ckpt();
+	fst_checkpoint *ck = lh_open(ckp.path);
+	const char *first = fst_file_path(fst_checkpoint_file(ck, 0));
+	int probe = open(first, O_RDONLY | O_DIRECT);
+	if (probe < 0) {
+		fst_checkpoint_close(ck);
+		skip(); /* no O_DIRECT here (tmpfs): nothing to refuse at the read */
+	}
+	close(probe);
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.io = FST_IO_URING;
+	o.threads = 2;
+	o.chunk_bytes = 16384;
+	int level = fst_log_get_level();
+	fst_log_set_level(FST_LOG_INFO);
+	fst_log_set_callback(capture_all, NULL);
+	const char *specs[] = {"uring_complete:1:EINVAL", "uring_complete:5:EOPNOTSUPP"};
+	for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+		all_log[0] = 0;
+		assert_int_equal(fst_fault_set(specs[i], NULL), 0);
+		load_and_check(ck, &o, specs[i]);
+		assert_int_equal(fst_fault_set(NULL, NULL), 0);
+		assert_has(all_log, "O_DIRECT read refused");
+		assert_has(all_log, "reading the rest through the page cache");
+	}
+	/* every read refused, the page cache's too: an error, not a retry loop */
+	assert_int_equal(fst_fault_set("uring_complete:1+:EINVAL", NULL), 0);
+	long allocs = fsti_live_allocations();
+	fst_buffer *buf = (fst_buffer *)&o;
+	fst_error err;
+	assert_int_equal(fst_load(ck, &o, &buf, &err), FST_EIO);
+	assert_int_equal(fst_fault_set(NULL, NULL), 0);
+	assert_null(buf);
+	assert_has(err.message, "read of");
+	assert_has(err.message, "Invalid argument");
+	assert_int_equal(fsti_live_allocations(), allocs);
+	fst_log_set_callback(NULL, NULL);
+	fst_log_set_level(level);
+	fst_checkpoint_close(ck);
+}
+
 /* ---- files that change */
 
 /* A one-file checkpoint of its own, so the shared one stays intact. */
@@ -666,6 +730,7 @@ int main(void)
 		cmocka_unit_test(test_mmap),
 		cmocka_unit_test(test_persistent),
 		cmocka_unit_test(test_eintr_retried),
+		cmocka_unit_test(test_direct_read_refused),
 		cmocka_unit_test(test_truncated_after_open),
 		cmocka_unit_test(test_rewritten_same_size),
 		cmocka_unit_test(test_changed_during_load),
