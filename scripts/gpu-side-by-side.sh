@@ -13,6 +13,11 @@
 #   STEP=3  gpt-oss-20b read into the page cache, then two streamed loads in
 #           one process (first-load.txt: when each share of the bytes was
 #           ready, bench/first_load.py)
+#   STEP=4  cold replicas (replicas.txt): `fst load` of gpt-oss-20b onto
+#           cuda:0, one process and three at once, with io=auto's O_DIRECT,
+#           the same requests through the page cache (FST_URING_PAGE_CACHE=
+#           random) and readahead (--readahead 1G), scrubbed by llama3-8b
+#           (bench/cold_cli.py, two alternating rounds)
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
 # pass took 10-15 s there, a cold one about 25 s: bench/results/
 # h200-2026-12-02-sbs); a cold round is one peers.py run continued with
@@ -71,8 +76,17 @@ case $STEP in
 			>"$OUT/first-load.txt" 2>&1
 	fi
 	;;
+4)
+	fst=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/fst
+	for p in 1 3; do
+		echo "## PROCS=$p"
+		PROCS=$p ROUNDS=2 timeout 270 python3 bench/cold_cli.py "$WORK/ck/gpt-oss-20b" \
+			"$WORK/ck/llama3-8b" "direct=@$fst" "cache=@$fst +FST_URING_PAGE_CACHE=random" \
+			"readahead=@$fst --readahead 1G" --device cuda:0
+	done >"$OUT/replicas.txt" 2>&1
+	;;
 *)
-	echo "gpu-side-by-side: STEP=$STEP: 1, 2 or 3" >&2
+	echo "gpu-side-by-side: STEP=$STEP: 1, 2, 3 or 4" >&2
 	exit 2
 	;;
 esac
