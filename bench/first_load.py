@@ -13,6 +13,12 @@ and fst.load timed in fresh processes with and without that allocation.
                                      16 streams (one thread, then 16 threads at
                                      once), 48 events, 16 pinned 4 MiB blocks,
                                      a first small copy
+  first_load.py pin BYTES            pinning BYTES of staging in fresh
+                                     processes, each way fst could: from
+                                     cuMemHostAlloc, or huge-page memory
+                                     registered untouched, or faulted in on
+                                     1 or 16 threads first (4 KiB pages too);
+                                     the first block of a process and a second
   first_load.py loads CHECKPOINT     fst.load in fresh processes, each case
                                      printed with fst's debug log beside it
   first_load.py timeline CHECKPOINT  two streamed loads in one process: when
@@ -279,6 +285,63 @@ def driver():
         cu.cuMemHostUnregister(buf)
 
 
+PIN_WAYS = ("hostalloc", "huge-lazy", "huge-touch1", "huge-touch16", "small-lazy", "small-touch16")
+
+
+def pin_one(way, n):
+    """One fresh process's two blocks of n bytes, pinned `way` (run by `pin`)."""
+    torch_ready()
+    cu = cuda()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    libc.memset.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
+    for f in ("cuMemHostAlloc", "cuMemHostRegister_v2"):
+        getattr(cu, f).restype = ctypes.c_int
+    huge = 2 << 20
+    for which in ("first", "second"):
+        t0 = time.perf_counter()
+        touch_ms = 0.0
+        if way == "hostalloc":
+            p = ctypes.c_void_p()
+            ok(cu.cuMemHostAlloc(ctypes.byref(p), ctypes.c_size_t(n), 1), "cuMemHostAlloc")
+        else:
+            raw = libc.mmap(None, n + huge, 3, 0x22 | 0x4000, -1, 0)  # PRIVATE|ANON|NORESERVE
+            a = (raw + huge - 1) // huge * huge
+            libc.madvise(a, n, 15 if way.startswith("small") else 14)  # NOHUGEPAGE, HUGEPAGE
+            if "touch" in way:
+                k = int(way.split("touch")[1])
+                part = (n // k + huge - 1) // huge * huge
+                spans = [(a + o, min(part, n - o)) for o in range(0, n, part)]
+                th = [threading.Thread(target=libc.memset, args=(q, 0, m)) for q, m in spans]
+                for t in th:
+                    t.start()
+                for t in th:
+                    t.join()
+                touch_ms = ms(t0)
+            t1 = time.perf_counter()
+            ok(cu.cuMemHostRegister_v2(ctypes.c_void_p(a), ctypes.c_size_t(n), 1),
+               "cuMemHostRegister")
+            reg_ms = ms(t1)
+        total = ms(t0)
+        split = f" (touch {touch_ms:.2f}, register {reg_ms:.2f})" if way != "hostalloc" else ""
+        print(f"pin {way} {which}: {n >> 20} MiB in {total:.2f} ms{split}", flush=True)
+
+
+def pin(n):
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+        thp = f.read().strip()
+    with open("/sys/kernel/mm/transparent_hugepage/defrag") as f:
+        print(f"transparent huge pages: {thp}; defrag: {f.read().strip()}", flush=True)
+    for r in range(4):
+        ways = PIN_WAYS if r % 2 == 0 else tuple(reversed(PIN_WAYS))
+        for way in ways:
+            subprocess.run([sys.executable, __file__, "pinone", way, str(n)],
+                           stderr=subprocess.STDOUT)
+
+
 def fill_cache(torch, path):
     """Leave a block of the checkpoint's size (and some) in torch's cache,
     so the next load's device memory comes from it, allocated before."""
@@ -391,6 +454,10 @@ if __name__ == "__main__":
         touch(int(arg))
     elif what == "loads":
         loads(arg)
+    elif what == "pin":
+        pin(int(arg))
+    elif what == "pinone":
+        pin_one(arg, int(sys.argv[3]))
     elif what == "driver":
         driver()
     elif what == "timeline":

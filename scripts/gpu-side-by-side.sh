@@ -29,9 +29,10 @@ STEP=${STEP:?STEP=1, 2 or 3}
 OUT=${OUT:-/tmp/fst-sbs-out}
 WORK=${WORK:-/tmp/fst-cold-work}
 RES=$WORK/sbs # the runs' files, kept between steps
-# fst.load:staging_bytes=33554432: half the default staging (less to pin, more of it
-# in the CPU's caches), a warm idea measured beside the default
-WARM="fst.load,fst.iter_into_params,fst.load:staging_bytes=33554432,safetensors,fastsafetensors,instanttensor.buffered,runai"
+# fst.load+FST_STAGING_PAGES=lazy: the staging's pages faulted in by the driver's
+# registration, on one thread (fst's way before it faulted them in on the workers'
+# count of threads), measured beside the default
+WARM="fst.load,fst.iter_into_params,fst.load+FST_STAGING_PAGES=lazy,safetensors,fastsafetensors,instanttensor.buffered,runai"
 # the read patterns: fastsafetensors' requests without its GPU side, and the
 # page cache with readahead (the best pattern of the earlier H200 disks)
 COLD="fst.load,fastsafetensors,instanttensor,runai,safetensors,read:direct-small,read:willneed"

@@ -139,5 +139,8 @@ void fsti_names_free(fsti_names *t);
  * page-locked. *map_len receives the length to pass to fsti_host_free. */
 int fsti_host_alloc(uint64_t size, bool pinned, void **out, uint64_t *map_len, fst_error *err);
 void fsti_host_free(void *p, uint64_t map_len);
+/* Faults len bytes at p (from fsti_host_alloc, not yet touched) in, on up
+ * to threads threads at once; the bytes stay zero. */
+void fsti_host_populate(void *p, uint64_t len, unsigned threads);
 
 #endif

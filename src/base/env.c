@@ -36,7 +36,8 @@ static const char *const names[FSTI_ENV_COUNT] = {
 	[FSTI_ENV_DIST_GROUP_BYTES] = "FST_DIST_GROUP_BYTES",
 	/* the unified-memory policy (auto, on, off) where options leave auto; at each load */
 	[FSTI_ENV_UNIFIED] = "FST_UNIFIED",
-	/* pinned staging: "huge" (registered huge pages, the default) or
+	/* pinned staging: "huge" (registered huge pages faulted in first, the
+	 * default), "lazy" (registered huge pages the driver faults in) or
 	 * "driver" (cuMemHostAlloc); for each new block */
 	[FSTI_ENV_STAGING_PAGES] = "FST_STAGING_PAGES",
 	/* the cold probe of staged loads: off (default), on, or BYTES per

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <sys/mman.h>
 
 #define HUGE_PAGE (2ull << 20)
@@ -59,4 +60,51 @@ void fsti_host_free(void *p, uint64_t map_len)
 {
 	if (p)
 		munmap(p, map_len);
+}
+
+/*
+ * Faulting pages in is the kernel zeroing them, one page at a time on the
+ * thread that touches them. A registration with the GPU driver faults an
+ * untouched block in on the caller's thread; touched on several threads
+ * first, the block leaves the driver only its pinning.
+ */
+struct populate_slice {
+	char *p;
+	uint64_t len;
+};
+
+static void *populate_slice(void *arg)
+{
+	const struct populate_slice *s = arg;
+	/* the memory is fresh and zero: writing a zero changes no byte */
+	for (uint64_t off = 0; off < s->len; off += 4096)
+		((volatile char *)s->p)[off] = 0;
+	return NULL;
+}
+
+void fsti_host_populate(void *p, uint64_t len, unsigned threads)
+{
+	enum { MAX_THREADS = 64 };
+	uint64_t slices = len / HUGE_PAGE;
+	unsigned want = FSTI_MAX(FSTI_MIN(threads, (unsigned)MAX_THREADS), 1u);
+	unsigned n = (unsigned)FSTI_MIN((uint64_t)want,
+					FSTI_MAX(slices, (uint64_t)1));
+	/* whole huge pages per slice, so no page is faulted by two threads */
+	uint64_t per = n > 1 ? (slices + n - 1) / n * HUGE_PAGE : len;
+	struct populate_slice s[MAX_THREADS];
+	pthread_t t[MAX_THREADS];
+	bool started[MAX_THREADS] = {false};
+	unsigned k = 0;
+	for (uint64_t at = 0; at < len && k < n; at += per, k++) {
+		bool last = k + 1 == n || at + per >= len;
+		s[k] = (struct populate_slice){(char *)p + at, last ? len - at : per};
+		/* the last slice, and any a thread cannot be had for, here */
+		if (!last)
+			started[k] = pthread_create(&t[k], NULL, populate_slice, &s[k]) == 0;
+		if (!started[k])
+			populate_slice(&s[k]);
+	}
+	for (unsigned i = 0; i < k; i++)
+		if (started[i])
+			pthread_join(t[i], NULL);
 }

@@ -30,10 +30,12 @@
  * A new block is anonymous memory advised for 2 MiB pages and registered
  * with the driver (cuMemHostRegister), which pins a huge page at a time
  * instead of 512 small ones: the first load of a process pays less for its
- * staging (docs/design.md, "Defaults"). Where that fails (no huge pages
+ * staging (docs/design.md, "Defaults"). The block is faulted in on as many
+ * threads as the load has workers before it is registered, since the
+ * driver would fault it in on one. Where that fails (no huge pages
  * matter: the registration works on small pages too; a driver that refuses
  * registration) the block comes from cuMemHostAlloc. FST_STAGING_PAGES=driver
- * asks for cuMemHostAlloc always.
+ * asks for cuMemHostAlloc always, =lazy leaves the faulting to the driver.
  */
 #define POOL_MAX 128
 #define POOL_LIMIT (1ull << 30)
@@ -58,14 +60,21 @@ static void pinned_free(const struct fsti_cuda *cu, struct pinned_block b)
 	}
 }
 
-static bool staging_from_driver(void)
+/* FST_STAGING_PAGES: "driver" (cuMemHostAlloc), "lazy" (huge pages the
+ * registration faults in itself: a measuring aid), else huge pages faulted
+ * in first */
+enum staging_pages { STAGING_HUGE, STAGING_LAZY, STAGING_DRIVER };
+
+static enum staging_pages staging_pages(void)
 {
 	const char *v = fsti_env(FSTI_ENV_STAGING_PAGES);
-	return v && !strcmp(v, "driver");
+	if (v && !strcmp(v, "driver"))
+		return STAGING_DRIVER;
+	return v && !strcmp(v, "lazy") ? STAGING_LAZY : STAGING_HUGE;
 }
 
-static int pinned_get(const struct fsti_cuda *cu, uint64_t len, struct pinned_block *out,
-		      CUresult *r)
+static int pinned_get(const struct fsti_cuda *cu, uint64_t len, unsigned threads,
+		      struct pinned_block *out, CUresult *r)
 {
 	pthread_mutex_lock(&pool_lock);
 	for (int i = 0; i < pool_n; i++)
@@ -85,7 +94,10 @@ static int pinned_get(const struct fsti_cuda *cu, uint64_t len, struct pinned_bl
 	}
 	void *p;
 	uint64_t map_len;
-	if (!staging_from_driver() && fsti_host_alloc(len, false, &p, &map_len, NULL) == 0) {
+	enum staging_pages pages = staging_pages();
+	if (pages != STAGING_DRIVER && fsti_host_alloc(len, false, &p, &map_len, NULL) == 0) {
+		if (pages == STAGING_HUGE)
+			fsti_host_populate(p, map_len, threads);
 		*r = cu->cuMemHostRegister_v2(p, (size_t)map_len, FSTI_CU_MEMHOSTREGISTER_PORTABLE);
 		if (*r == 0) {
 			*out = (struct pinned_block){p, len, map_len};
@@ -235,7 +247,7 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 	CUresult r;
 	if (!len)
 		return 0; /* no byte to read: no workers, no slots */
-	if (pinned_get(cu, len, &l->pinned, &r)) {
+	if (pinned_get(cu, len, e->nthreads, &l->pinned, &r)) {
 		l->pinned.p = NULL;
 		return fsti_cuda_fail(cu, r, err,
 				      "cannot allocate %" PRIu64 " bytes of pinned staging "

@@ -479,10 +479,32 @@ static struct {
 	size_t n;
 } registered[MAX_REGISTERED];
 
+/* The share of a block's pages already faulted in when it was registered
+ * last, in thousandths (-1: mincore failed). */
+static atomic_long resident_at_register = -1;
+
+static void note_resident(void *p, size_t n)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1);
+	size_t len = (size_t)((uintptr_t)p + n - a), pages = (len + (size_t)page - 1) / (size_t)page;
+	unsigned char *v = malloc(pages);
+	long in = 0;
+	if (v && mincore((void *)a, len, v) == 0) {
+		for (size_t i = 0; i < pages; i++)
+			in += v[i] & 1;
+		atomic_store(&resident_at_register, (long)(in * 1000 / (long)pages));
+	} else {
+		atomic_store(&resident_at_register, -1);
+	}
+	free(v);
+}
+
 API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
 {
 	if (!p || !n || (flags & ~1u))
 		return INVALID_VALUE;
+	note_resident(p, n);
 	/* the driver touches every page it pins: so does the double */
 	for (size_t i = 0; i < n; i += 4096)
 		((volatile char *)p)[i] = ((volatile char *)p)[i];
@@ -659,6 +681,7 @@ API long fst_double_live_host(void) { return atomic_load(&live_host); }
 /* Live DEVICEMAP blocks (unified-memory destinations). */
 API long fst_double_live_mapped(void) { return atomic_load(&live_mapped); }
 API long fst_double_live_registered(void) { return atomic_load(&live_registered); }
+API long fst_double_resident_at_register(void) { return atomic_load(&resident_at_register); }
 /* Whether p is a device address of a DEVICEMAP block (not its host address). */
 API int fst_double_is_mapped_device(const void *p)
 {

@@ -3,7 +3,8 @@
  * even with pinning made to fail) and fst_trim gives them all back; device
  * memory lives as long as a view of it does, and the last view to go frees
  * it, on whatever thread that is. New staging blocks are huge-page memory
- * registered with the driver, or cuMemHostAlloc's with
+ * registered with the driver, faulted in before the registration (left to
+ * the driver with FST_STAGING_PAGES=lazy), or cuMemHostAlloc's with
  * FST_STAGING_PAGES=driver; both kinds go back to their own free call. */
 #include "cuda_helpers.h"
 
@@ -55,18 +56,21 @@ static void test_pinned_pool(void **state)
 	ch_close(&c);
 }
 
-/* Staging comes from registered huge-page memory by default, from
- * cuMemHostAlloc with FST_STAGING_PAGES=driver; each kind is freed by its
- * own call (the double refuses to unregister what it never registered). */
+/* Staging comes from registered huge-page memory by default, every page
+ * faulted in before the registration (none with FST_STAGING_PAGES=lazy),
+ * from cuMemHostAlloc with FST_STAGING_PAGES=driver; each kind is freed by
+ * its own call (the double refuses to unregister what it never
+ * registered). */
 static void test_staging_pages(void **state)
 {
 	(void)state;
 	long (*live_registered)(void) = (long (*)(void))ch_sym("fst_double_live_registered");
+	long (*resident)(void) = (long (*)(void))ch_sym("fst_double_resident_at_register");
 	ch_ckpt c;
 	ch_write_random("pages", 48, &ch_big_gen, &c);
 	ch_open(&c, c.dir);
-	static const char *const kinds[] = {NULL, "driver", "huge"};
-	for (int k = 0; k < 3; k++) {
+	static const char *const kinds[] = {NULL, "driver", "huge", "lazy"};
+	for (int k = 0; k < 4; k++) {
 		fst_trim();
 		if (kinds[k])
 			setenv("FST_STAGING_PAGES", kinds[k], 1);
@@ -83,10 +87,17 @@ static void test_staging_pages(void **state)
 		fst_buffer_release(buf);
 		long kept = ch_live_host() - ch_pinned_base, registered = live_registered() - r0;
 		assert_true(kept >= 1);
-		if (k == 1)
+		if (k == 1) {
 			assert_int_equal(registered, 0); /* all from cuMemHostAlloc */
-		else
+		} else {
 			assert_int_equal(registered, kept); /* all registered */
+			/* faulted in on the workers' count of threads before the
+			 * registration, except lazy's (the driver faults them in) */
+			if (k == 3)
+				assert_true(resident() >= 0 && resident() < 100);
+			else
+				assert_int_equal(resident(), 1000);
+		}
 		fst_trim();
 		assert_int_equal(live_registered(), r0);
 		assert_int_equal(ch_live_host() - ch_pinned_base, 0);
