@@ -6,7 +6,10 @@
 # checkpoints, the installed wheel and the runs' JSON between calls):
 #   STEP=1  the wheel installed (WHEEL_CHECK=1: scripts/gpu-wheel.sh, its
 #           checks too), the machine, both checkpoints, warm on both (2
-#           rounds each)
+#           rounds each); with MODEL=gpt-oss-20b or MODEL=llama3-8b, warm on
+#           that one only, in a call of its own (where a warm pass takes
+#           longer than 15 s, both do not fit one call: run STEP=1 once per
+#           model)
 #   STEP=2  one more cold round on both (run it once per round: each round
 #           after the first runs the loaders in the other round's order
 #           reversed), then, with ALSO_FIRST_LOAD=1, step 3
@@ -59,9 +62,21 @@ case $STEP in
 	OUT=$OUT bash scripts/gpu-install.sh
 	# a call brings back at most 8 files: the wheel's line goes with the machine
 	cat "$OUT/wheel.txt" >>"$OUT/machine.txt" && rm -f "$OUT/wheel.txt"
-	peers gpt-oss-20b warm 300
-	cp "$RES/checkpoints.txt" "$OUT/" 2>/dev/null
-	peers llama3-8b warm 240
+	case ${MODEL:-both} in
+	both)
+		peers gpt-oss-20b warm 300
+		cp "$RES/checkpoints.txt" "$OUT/" 2>/dev/null
+		peers llama3-8b warm 240
+		;;
+	gpt-oss-20b | llama3-8b)
+		peers "$MODEL" warm 540
+		cp "$RES/checkpoints.txt" "$OUT/" 2>/dev/null
+		;;
+	*)
+		echo "gpu-side-by-side: MODEL=$MODEL: gpt-oss-20b or llama3-8b" >&2
+		exit 2
+		;;
+	esac
 	;;
 2 | 3)
 	if [ "$STEP" = 2 ]; then
