@@ -416,8 +416,10 @@ FST_API int fst_writer_finish_memory(fst_writer *w, void *dst, uint64_t size,
 
 enum fst_io {
 	FST_IO_AUTO = 0,  /* pread when the files are in the page cache; cold files
-			   * onto a GPU: uring, 512 KiB chunks, 8 threads; into host
-			   * memory: pread with readahead */
+			   * onto a GPU: uring, 512 KiB chunks, 8 threads, except
+			   * where another fst load reads the same files (replicas):
+			   * then through the page cache, shared; into host memory:
+			   * pread with readahead */
 	FST_IO_PREAD = 1, /* a pool of threads calling pread */
 	FST_IO_URING = 2, /* io_uring with O_DIRECT (buffered where refused) */
 	FST_IO_MMAP = 3,  /* CPU only: views straight into read-only file mappings */

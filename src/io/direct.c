@@ -81,8 +81,15 @@ struct fsti_direct_fds {
 	 * its descriptor stays open (requests may be in flight on it) until
 	 * fsti_direct_fds_free */
 	bool *read_refused;
+	/* fsti_direct_fds_watch: other loads looked for at most every
+	 * SHARE_CHECK_S; once one is seen, every file through the page cache */
+	const struct fsti_presence *watch;
+	double last_check;
+	bool shared;
 	int fd[]; /* -2: not tried yet, -1: refused */
 };
+
+#define SHARE_CHECK_S 0.01
 
 struct fsti_direct_fds *fsti_direct_fds_new(size_t nfiles, enum fsti_page_cache mode)
 {
@@ -98,6 +105,9 @@ struct fsti_direct_fds *fsti_direct_fds_new(size_t nfiles, enum fsti_page_cache 
 	d->n = nfiles;
 	d->refusal_logged = false;
 	d->mode = mode;
+	d->watch = NULL;
+	d->last_check = 0;
+	d->shared = false;
 	for (size_t i = 0; i < nfiles; i++)
 		d->fd[i] = -2;
 	return d;
@@ -108,7 +118,22 @@ int fsti_direct_fd(struct fsti_direct_fds *d, uint32_t i, const fst_file *f)
 	if (!d || i >= d->n)
 		return -1;
 	pthread_mutex_lock(&d->lock);
-	if (d->read_refused[i]) {
+	if (d->watch && !d->shared) {
+		/* every load holds all of its files' locks from start to end:
+		 * file i's tells whether another load is reading these files */
+		double now = fsti_now();
+		if (now - d->last_check >= SHARE_CHECK_S) {
+			d->last_check = now;
+			if (fsti_presence_others(d->watch, i)) {
+				d->shared = true;
+				fsti_log(FST_LOG_INFO, "%s: another load is reading these files: the "
+						       "rest through the page cache, which reads each "
+						       "byte from the disk once for all of them",
+					 f->path);
+			}
+		}
+	}
+	if (d->read_refused[i] || d->shared) {
 		pthread_mutex_unlock(&d->lock);
 		return -1;
 	}
@@ -145,6 +170,25 @@ void fsti_direct_refuse(struct fsti_direct_fds *d, uint32_t i, const char *path,
 		fsti_log(FST_LOG_INFO, "%s: O_DIRECT read refused (%s); reading the rest through "
 				       "the page cache",
 			 path, strerror(errnum));
+}
+
+void fsti_direct_fds_watch(struct fsti_direct_fds *d, const struct fsti_presence *p)
+{
+	if (!d || d->mode != FSTI_PAGE_CACHE_OFF)
+		return; /* a page-cache mode shares the page cache already */
+	pthread_mutex_lock(&d->lock);
+	d->watch = p;
+	pthread_mutex_unlock(&d->lock);
+}
+
+bool fsti_direct_fds_shared(struct fsti_direct_fds *d)
+{
+	if (!d)
+		return false;
+	pthread_mutex_lock(&d->lock);
+	bool shared = d->shared;
+	pthread_mutex_unlock(&d->lock);
+	return shared;
 }
 
 void fsti_direct_fds_free(struct fsti_direct_fds *d)

@@ -156,7 +156,29 @@ int fsti_direct_fd(struct fsti_direct_fds *d, uint32_t i, const fst_file *f);
  * now on fsti_direct_fd gives -1 for it (read through the page cache); the
  * first refusal of a file is logged. */
 void fsti_direct_refuse(struct fsti_direct_fds *d, uint32_t i, const char *path, int errnum);
+/* From now on, while its O_DIRECT descriptors are in use, look for other
+ * loads of the files in p (at most every 10 ms): once one is seen, every
+ * file's later reads go through the page cache (fsti_direct_fd gives -1),
+ * which reads each byte from the disk once for all the loads, where
+ * O_DIRECT would have each read all of it. p must outlive d's use. */
+struct fsti_presence;
+void fsti_direct_fds_watch(struct fsti_direct_fds *d, const struct fsti_presence *p);
+/* Whether d has turned to the page cache for another load. */
+bool fsti_direct_fds_shared(struct fsti_direct_fds *d);
 void fsti_direct_fds_free(struct fsti_direct_fds *d);
+
+/* ---- other loads of the same files (presence.c) */
+
+/* One load's read locks on its files, each on a descriptor of its own, that
+ * other loads (any process) can see. Files without a local descriptor, and
+ * files where no lock can be had, are left out. NULL: out of memory. */
+struct fsti_presence *fsti_presence_join(const fst_checkpoint *ck);
+/* Whether another load holds file i's lock. */
+bool fsti_presence_others(const struct fsti_presence *p, size_t i);
+/* Whether another load holds any file's lock; *which (if given) is the first
+ * such file. */
+bool fsti_presence_any(const struct fsti_presence *p, size_t *which);
+void fsti_presence_leave(struct fsti_presence *p);
 
 /* ---- page cache residency (residency.c) */
 

@@ -158,7 +158,7 @@ struct fsti_engine {
 	bool canceled;
 	/* what the readers read: the files and their O_DIRECT descriptors */
 	struct fsti_source src;
-	char why[160];
+	char why[320];
 	char describe[1200];
 	int device_type, device_id;
 	void *saved_ctx; /* the caller's CUDA context, given back on return */
@@ -170,6 +170,14 @@ struct fsti_engine {
 	 * readers and the host sink write (buf->base everywhere else) */
 	bool unified;
 	bool cold_direct; /* io=auto chose io_uring (O_DIRECT) for cold files */
+	/* cold loads' read locks, seen by other loads of the same files; with
+	 * share_watch, O_DIRECT turns to the page cache once another load
+	 * appears (io/presence.c, fsti_direct_fds_watch) */
+	struct fsti_presence *presence;
+	bool share_watch;
+	/* a load of given pieces (tensor-parallel ranks, each reading a part
+	 * of the files another rank does not): no replicas to meet */
+	bool pieces_only;
 	/* FST_URING_PAGE_CACHE: io_uring's reads through the page cache */
 	enum fsti_page_cache page_cache;
 	char *write_base;

@@ -206,6 +206,109 @@ static void test_page_cache_modes(void **state)
 	ch_assert_clean("bad FST_URING_PAGE_CACHE", c.host_base);
 }
 
+/* Replicas: another load of the same files (here a presence lock this
+ * process holds itself, as any other load's would be). Seen at the start,
+ * io=auto reads through the page cache with readahead instead of O_DIRECT
+ * and says why; readahead off keeps O_DIRECT. */
+static void test_replica_at_start(void **state)
+{
+	(void)state;
+	fst_load_opts o;
+	cold_auto_opts(&o);
+	long base = c.host_base;
+	struct fsti_presence *other = fsti_presence_join(c.ck);
+	assert_non_null(other);
+	c.host_base = fsti_live_allocations(); /* the other load's, not a leak */
+	assert_false(fsti_presence_any(other, NULL)); /* its own lock is not another's */
+	double r = cached_after(&o, NULL,
+				"pread|readahead|another load is reading these files|"
+				"which reads them once for both",
+				"O_DIRECT", "another load at the start");
+	if (r < 0.9)
+		fail_msg("another load: %.0f%% of the files in the page cache after the load",
+			 r * 100);
+
+	fst_load_opts off = o;
+	off.readahead_bytes = FST_READAHEAD_OFF;
+	double d = cached_after(&off, NULL, "uring|cold files read with O_DIRECT",
+				"another load", "another load, readahead off");
+	if (d >= 0.5)
+		fail_msg("readahead off: %.0f%% of the files in the page cache", d * 100);
+
+	/* the load's own lock refused (a filesystem without locks): alone as far
+	 * as it can tell, O_DIRECT */
+	fst_error err;
+	assert_int_equal(fst_fault_set("presence:1+", &err), 0);
+	lh_evict(c.ck);
+	fst_buffer *buf = NULL;
+	if (fst_load(c.ck, &o, &buf, &err))
+		fail_msg("presence refused: %s", err.message);
+	assert_int_equal(fst_fault_set(NULL, NULL), 0);
+	assert_non_null(strstr(fst_buffer_describe(buf), "cold files read with O_DIRECT"));
+	ch_assert_buffer(&c, buf, 0);
+	fst_buffer_release(buf);
+
+	fsti_presence_leave(other);
+	c.host_base = base;
+	d = cached_after(&o, NULL, "cold files read with O_DIRECT", "another load",
+			 "the other load gone");
+	if (d >= 0.5)
+		fail_msg("alone again: %.0f%% of the files in the page cache", d * 100);
+	ch_assert_clean("replica at start", c.host_base);
+}
+
+/* Another load arriving during an O_DIRECT load (from its first progress
+ * report): the rest of the reads go through the page cache, which then
+ * holds part of the files; the bytes are the files' all the same. */
+static struct fsti_presence *arrived;
+static void arrive(void *ctx, uint64_t done, uint64_t total)
+{
+	(void)ctx;
+	(void)total;
+	if (done && !__atomic_load_n(&arrived, __ATOMIC_ACQUIRE)) {
+		struct fsti_presence *p = fsti_presence_join(c.ck);
+		struct fsti_presence *none = NULL;
+		if (!__atomic_compare_exchange_n(&arrived, &none, p, false, __ATOMIC_ACQ_REL,
+						 __ATOMIC_ACQUIRE))
+			fsti_presence_leave(p);
+	}
+}
+
+static void test_replica_arrives(void **state)
+{
+	(void)state;
+	fst_load_opts o;
+	cold_auto_opts(&o);
+	o.threads = 2;
+	o.chunk_bytes = 64 << 10; /* many chunks, each slow: the load outlasts 10 ms */
+	o.progress = arrive;
+	ch_set_delay("2000");
+	arrived = NULL;
+	/* the arriving load's allocation is live through the check */
+	lh_evict(c.ck);
+	fst_error err;
+	fst_buffer *buf = NULL;
+	if (fst_load(c.ck, &o, &buf, &err))
+		fail_msg("another load arrives: %s", err.message);
+	ch_set_delay("50");
+	assert_non_null(strstr(fst_buffer_describe(buf), "cold files read with O_DIRECT"));
+	ch_assert_buffer(&c, buf, 0);
+	fst_buffer_release(buf);
+	double r = fsti_cached_fraction(c.ck);
+	assert_non_null(arrived);
+	fsti_presence_leave(arrived);
+	if (r <= 0.05)
+		fail_msg("another load arrived: %.0f%% of the files in the page cache after the "
+			 "load (nothing read through it)",
+			 r * 100);
+	/* and without one, O_DIRECT to the end */
+	o.progress = NULL;
+	double d = cached_after(&o, NULL, "cold files read with O_DIRECT", "another load", "alone");
+	if (d >= 0.05)
+		fail_msg("alone: %.0f%% of the files in the page cache", d * 100);
+	ch_assert_clean("replica arrives", c.host_base);
+}
+
 int main(void)
 {
 	int rc = ch_init();
@@ -215,6 +318,8 @@ int main(void)
 		cmocka_unit_test_setup(test_cold_staged_reads_direct, ch_reset),
 		cmocka_unit_test_setup(test_where_auto_keeps_pread, ch_reset),
 		cmocka_unit_test_setup(test_page_cache_modes, ch_reset),
+		cmocka_unit_test_setup(test_replica_at_start, ch_reset),
+		cmocka_unit_test_setup(test_replica_arrives, ch_reset),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

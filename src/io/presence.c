@@ -1,0 +1,94 @@
+/*
+ * presence.c - other loads reading the same files, in any process.
+ *
+ * A load that reads a file cold holds a read lock on one byte far past the
+ * end of any file: an open file description lock (F_OFD_SETLK), on a
+ * descriptor of its own. Whether a write lock on that byte would conflict
+ * (F_OFD_GETLK) tells whether another load holds one; a load's own lock never
+ * conflicts with itself. Read locks need only read access, so every user
+ * who can read a model takes part, and the locks go with the descriptors: a
+ * load that ends, fails or is killed leaves none behind. The byte is past
+ * any data, so the locks touch no reader that does not ask for them.
+ *
+ * Where locks are not to be had (a filesystem without them, a kernel
+ * before 3.15), a load is alone as far as it can tell.
+ */
+#include "io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+/* Far past any file's data, inside a 64-bit off_t. */
+#define PRESENCE_BYTE ((off_t)1 << 62)
+
+struct fsti_presence {
+	size_t n;
+	int fd[]; /* -1: no lock held on that file */
+};
+
+static struct flock presence_lock(short type)
+{
+	struct flock l = {0};
+	l.l_type = type;
+	l.l_whence = SEEK_SET;
+	l.l_start = PRESENCE_BYTE;
+	l.l_len = 1;
+	return l;
+}
+
+struct fsti_presence *fsti_presence_join(const fst_checkpoint *ck)
+{
+	size_t n = fst_checkpoint_file_count(ck);
+	struct fsti_presence *p = fsti_malloc(sizeof *p + (n + 1) * sizeof(int));
+	if (!p)
+		return NULL;
+	p->n = n;
+	for (size_t i = 0; i < n; i++) {
+		const fst_file *f = fst_checkpoint_file(ck, i);
+		p->fd[i] = -1;
+		if (!f || f->fd < 0)
+			continue; /* a remote file or a memory image: no one to meet */
+		char why[96];
+		bool other = false;
+		int fd = fsti_reopen(f, 0, &other, why, sizeof why);
+		if (fd < 0)
+			continue;
+		struct flock l = presence_lock(F_RDLCK);
+		if (fsti_fault("presence") || fcntl(fd, F_OFD_SETLK, &l)) {
+			close(fd);
+			continue;
+		}
+		p->fd[i] = fd;
+	}
+	return p;
+}
+
+bool fsti_presence_others(const struct fsti_presence *p, size_t i)
+{
+	if (!p || i >= p->n || p->fd[i] < 0)
+		return false;
+	struct flock l = presence_lock(F_WRLCK);
+	return fcntl(p->fd[i], F_OFD_GETLK, &l) == 0 && l.l_type != F_UNLCK;
+}
+
+bool fsti_presence_any(const struct fsti_presence *p, size_t *which)
+{
+	for (size_t i = 0; p && i < p->n; i++)
+		if (fsti_presence_others(p, i)) {
+			if (which)
+				*which = i;
+			return true;
+		}
+	return false;
+}
+
+void fsti_presence_leave(struct fsti_presence *p)
+{
+	if (!p)
+		return;
+	for (size_t i = 0; i < p->n; i++)
+		if (p->fd[i] >= 0)
+			close(p->fd[i]);
+	fsti_free(p);
+}
