@@ -11,12 +11,14 @@
  * any data, so the locks touch no reader that does not ask for them.
  *
  * Where locks are not to be had (a filesystem without them, a kernel
- * before 3.15), a load is alone as far as it can tell.
+ * before 3.15, a checkpoint of so many files that three descriptors each
+ * would crowd RLIMIT_NOFILE), a load is alone as far as it can tell.
  */
 #include "io.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 /* Far past any file's data, inside a 64-bit off_t. */
@@ -44,10 +46,16 @@ struct fsti_presence *fsti_presence_join(const fst_checkpoint *ck)
 	if (!p)
 		return NULL;
 	p->n = n;
+	/* A load keeps each file's own descriptor and may open an O_DIRECT one:
+	 * a lock's descriptor too must leave room under the process's limit,
+	 * or the O_DIRECT opens would be the ones refused. */
+	struct rlimit lim;
+	bool room = getrlimit(RLIMIT_NOFILE, &lim) == 0 &&
+		    (lim.rlim_cur == RLIM_INFINITY || (rlim_t)n * 3 + 64 <= lim.rlim_cur);
 	for (size_t i = 0; i < n; i++) {
 		const fst_file *f = fst_checkpoint_file(ck, i);
 		p->fd[i] = -1;
-		if (!f || f->fd < 0)
+		if (!room || !f || f->fd < 0)
 			continue; /* a remote file or a memory image: no one to meet */
 		char why[96];
 		bool other = false;

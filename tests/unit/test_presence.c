@@ -2,12 +2,14 @@
  * sees no other, its own lock included; a second join in this process, and
  * one in a child process, are seen on every file, and no longer once they
  * leave, or once the child exits without leaving (the lock goes with its
- * descriptors). A checkpoint from memory has no file to meet on. */
+ * descriptors). A lock refused, or too few descriptors under RLIMIT_NOFILE
+ * for three a file, leaves a load alone. */
 #include "io.h"
 #include "load_helpers.h"
 
 #include <signal.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -107,12 +109,32 @@ static void test_lock_refused(void **state)
 	fsti_presence_leave(a);
 }
 
+/* Descriptors short (RLIMIT_NOFILE too low for three a file): no lock
+ * taken, so the load is alone and no other sees it. */
+static void test_descriptors_short(void **state)
+{
+	(void)state;
+	struct rlimit old;
+	assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+	struct fsti_presence *a = fsti_presence_join(c.ck);
+	struct rlimit low = old;
+	low.rlim_cur = 3 * fst_checkpoint_file_count(c.ck) + 63;
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+	struct fsti_presence *b = fsti_presence_join(c.ck);
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+	assert_false(fsti_presence_any(b, NULL));
+	assert_seen(a, false, "a load without room for its locks");
+	fsti_presence_leave(b);
+	fsti_presence_leave(a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_in_process),
 		cmocka_unit_test(test_other_process),
 		cmocka_unit_test(test_lock_refused),
+		cmocka_unit_test(test_descriptors_short),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
