@@ -181,6 +181,16 @@ void fsti_direct_fds_watch(struct fsti_direct_fds *d, const struct fsti_presence
 	pthread_mutex_unlock(&d->lock);
 }
 
+bool fsti_direct_fds_shared(struct fsti_direct_fds *d)
+{
+	if (!d)
+		return false;
+	pthread_mutex_lock(&d->lock);
+	bool shared = d->shared;
+	pthread_mutex_unlock(&d->lock);
+	return shared;
+}
+
 void fsti_direct_fds_free(struct fsti_direct_fds *d)
 {
 	if (!d)

@@ -163,6 +163,8 @@ void fsti_direct_refuse(struct fsti_direct_fds *d, uint32_t i, const char *path,
  * O_DIRECT would have each read all of it. p must outlive d's use. */
 struct fsti_presence;
 void fsti_direct_fds_watch(struct fsti_direct_fds *d, const struct fsti_presence *p);
+/* Whether d has turned to the page cache for another load. */
+bool fsti_direct_fds_shared(struct fsti_direct_fds *d);
 void fsti_direct_fds_free(struct fsti_direct_fds *d);
 
 /* ---- other loads of the same files (presence.c) */

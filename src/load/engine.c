@@ -911,6 +911,12 @@ int fst_loader_finish(fst_loader *ld, fst_buffer **out, fst_error *err)
 			snprintf(e->buf->describe + n, sizeof e->buf->describe - n, "; %s",
 				 e->probe.note);
 		}
+		if (fsti_direct_fds_shared(e->src.direct)) {
+			size_t n = strlen(e->buf->describe);
+			snprintf(e->buf->describe + n, sizeof e->buf->describe - n,
+				 "; another load of these files appeared: the rest read through "
+				 "the page cache");
+		}
 		if (out) {
 			*out = e->buf;
 			e->buf = NULL;

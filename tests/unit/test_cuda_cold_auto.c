@@ -296,6 +296,9 @@ static void test_replica_arrives(void **state)
 		fail_msg("another load arrives: %s", err.message);
 	ch_set_delay("50");
 	assert_non_null(strstr(fst_buffer_describe(buf), "cold files read with O_DIRECT"));
+	assert_non_null(strstr(fst_buffer_describe(buf), "; another load of these files "
+							 "appeared: the rest read through the "
+							 "page cache"));
 	ch_assert_buffer(&c, buf, 0);
 	fst_buffer_release(buf);
 	double r = fsti_cached_fraction(c.ck);
