@@ -17,10 +17,12 @@
 #           one process (first-load.txt: when each share of the bytes was
 #           ready, bench/first_load.py)
 #   STEP=4  cold replicas (replicas.txt): `fst load` of gpt-oss-20b onto
-#           cuda:0, one process and three at once, with io=auto's O_DIRECT,
-#           the same requests through the page cache (FST_URING_PAGE_CACHE=
-#           random) and readahead (--readahead 1G), scrubbed by llama3-8b
-#           (bench/cold_cli.py, two alternating rounds)
+#           cuda:0, one process and three at once, with io=auto (O_DIRECT
+#           alone, the page cache where another load reads the files), O_DIRECT
+#           whatever else reads (--readahead off), the same requests through
+#           the page cache (FST_URING_PAGE_CACHE=random) and readahead
+#           (--readahead 1G), scrubbed by llama3-8b (bench/cold_cli.py, two
+#           alternating rounds)
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
 # pass took 10-15 s there, a cold one about 25 s: bench/results/
 # h200-2026-12-02-sbs); a cold round is one peers.py run continued with
@@ -97,8 +99,9 @@ case $STEP in
 	for p in 1 3; do
 		echo "## PROCS=$p"
 		PROCS=$p ROUNDS=2 timeout 270 python3 bench/cold_cli.py "$WORK/ck/gpt-oss-20b" \
-			"$WORK/ck/llama3-8b" "direct=@$fst" "cache=@$fst +FST_URING_PAGE_CACHE=random" \
-			"readahead=@$fst --readahead 1G" --device cuda:0
+			"$WORK/ck/llama3-8b" "auto=@$fst" "direct=@$fst --readahead off" \
+			"cache=@$fst +FST_URING_PAGE_CACHE=random" "readahead=@$fst --readahead 1G" \
+			--device cuda:0
 	done >"$OUT/replicas.txt" 2>&1
 	;;
 *)
