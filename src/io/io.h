@@ -165,6 +165,17 @@ struct fsti_presence;
 void fsti_direct_fds_watch(struct fsti_direct_fds *d, const struct fsti_presence *p);
 /* Whether d has turned to the page cache for another load. */
 bool fsti_direct_fds_shared(struct fsti_direct_fds *d);
+/* Ask, before each O_DIRECT read, whether the page cache holds its chunk
+ * whole (io=auto's cold reads; io=uring asked for reads with O_DIRECT
+ * whatever the cache holds). Call before the descriptors are in use. */
+void fsti_direct_fds_check_cache(struct fsti_direct_fds *d);
+/* With check_cache set: whether every page of [off, off+len) of file i (f)
+ * is in the page cache, where mincore can tell (fsti_mincore_tells) and the
+ * descriptors are O_DIRECT ones: then the chunk is better read through the
+ * page cache. Counted in fsti_direct_cached_bytes. */
+bool fsti_direct_cached(struct fsti_direct_fds *d, uint32_t i, const fst_file *f, uint64_t off,
+			uint64_t len);
+uint64_t fsti_direct_cached_bytes(struct fsti_direct_fds *d);
 void fsti_direct_fds_free(struct fsti_direct_fds *d);
 
 /* ---- other loads of the same files (presence.c) */

@@ -243,6 +243,9 @@ static int uring_start(const struct fsti_source *src, void *state, int slot, uin
 	/* O_DIRECT where the filesystem allows it, on a descriptor that names
 	 * the very file opened and validated (direct.c); else buffered. */
 	int dfd = fsti_direct_fd(src->direct, file, f);
+	/* a chunk the page cache holds whole: from memory, not the disk again */
+	if (dfd >= 0 && fsti_direct_cached(src->direct, file, f, off, len))
+		dfd = -1;
 	if (dfd < 0) {
 		/* buffered: the exact bytes at the start of the slot */
 		window_start(w, win, f->fd, off, len, len, 0);

@@ -705,6 +705,10 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 	}
 	if (e->share_watch)
 		fsti_direct_fds_watch(e->src.direct, e->presence);
+	/* cold files may be partly in the page cache: chunks it holds whole
+	 * are read from it (io=uring asked for keeps O_DIRECT throughout) */
+	if (e->cold_direct)
+		fsti_direct_fds_check_cache(e->src.direct);
 
 	if (e->opts.io == FST_IO_MMAP) {
 		rc = fsti_map_files(e, err);
@@ -910,6 +914,14 @@ int fst_loader_finish(fst_loader *ld, fst_buffer **out, fst_error *err)
 			size_t n = strlen(e->buf->describe);
 			snprintf(e->buf->describe + n, sizeof e->buf->describe - n, "; %s",
 				 e->probe.note);
+		}
+		uint64_t cached = fsti_direct_cached_bytes(e->src.direct);
+		if (cached && e->plan.total_bytes) {
+			size_t n = strlen(e->buf->describe);
+			snprintf(e->buf->describe + n, sizeof e->buf->describe - n,
+				 "; %.0f%% of the bytes read from the page cache, which held their "
+				 "chunks whole",
+				 100.0 * (double)cached / (double)e->plan.total_bytes);
 		}
 		if (fsti_direct_fds_shared(e->src.direct)) {
 			size_t n = strlen(e->buf->describe);

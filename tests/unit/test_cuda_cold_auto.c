@@ -9,7 +9,11 @@
  * as O_DIRECT's loads leave it without them; another value is a usage
  * error naming the variable. Every tensor of every load equals the file. */
 #include "cuda_helpers.h"
-#include "io.h" /* fsti_cached_fraction */
+#include "io.h" /* fsti_cached_fraction, fsti_presence_* */
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 static ch_ckpt c;
 static bool can_evict;
@@ -316,6 +320,64 @@ static void test_replica_arrives(void **state)
 	ch_assert_clean("replica arrives", c.host_base);
 }
 
+/* Cold files partly in the page cache: io=auto still reads them with
+ * O_DIRECT, except the chunks the page cache holds whole, which it reads
+ * from there and counts in the description; none when nothing is cached,
+ * and io=uring asked for reads everything with O_DIRECT. */
+static void test_partly_cached(void **state)
+{
+	(void)state;
+	fst_load_opts o;
+	cold_auto_opts(&o);
+	o.chunk_bytes = 64 << 10; /* chunks enough inside a third of each file */
+	const char *note = "of the bytes read from the page cache, which held their chunks whole";
+	load_says(&o, true, "cold files read with O_DIRECT", note, "nothing cached");
+	for (int round = 0; round < 2; round++) {
+		lh_evict(c.ck);
+		/* the first third of every file into the page cache */
+		for (size_t i = 0; i < c.nfiles; i++) {
+			const char *path = fst_file_path(fst_checkpoint_file(c.ck, i));
+			int fd = open(path, O_RDONLY);
+			assert_true(fd >= 0);
+			(void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); /* no more than read */
+			size_t n = (size_t)(c.sizes[i] / 3);
+			char *b = malloc(n + 1);
+			assert_true(pread(fd, b, n, 0) == (ssize_t)n);
+			free(b);
+			close(fd);
+		}
+		double before = fsti_cached_fraction(c.ck);
+		if (before < 0.1 || before >= 0.5)
+			fail_msg("a third of each file read: %.0f%% in the page cache", before * 100);
+		fst_load_opts u = o;
+		if (round == 1)
+			u.io = FST_IO_URING;
+		fst_error err;
+		fst_buffer *buf = NULL;
+		if (fst_load(c.ck, &u, &buf, &err))
+			fail_msg("partly cached: %s", err.message);
+		const char *d = fst_buffer_describe(buf);
+		const char *at = strstr(d, note);
+		if (round == 1) {
+			if (at)
+				fail_msg("io=uring asked for: \"%s\"", d);
+		} else {
+			if (!strstr(d, "cold files read with O_DIRECT") || !at)
+				fail_msg("partly cached: \"%s\"", d);
+			/* "; P% of the bytes ...": back over "P% " */
+			const char *p = at - 1;
+			while (p > d && p[-1] != ' ')
+				p--;
+			double pct = atof(p);
+			if (pct < 5 || pct > 40)
+				fail_msg("partly cached: %.0f%% read from the page cache (\"%s\")", pct, d);
+		}
+		ch_assert_buffer(&c, buf, 0);
+		fst_buffer_release(buf);
+	}
+	ch_assert_clean("partly cached", c.host_base);
+}
+
 int main(void)
 {
 	int rc = ch_init();
@@ -327,6 +389,7 @@ int main(void)
 		cmocka_unit_test_setup(test_page_cache_modes, ch_reset),
 		cmocka_unit_test_setup(test_replica_at_start, ch_reset),
 		cmocka_unit_test_setup(test_replica_arrives, ch_reset),
+		cmocka_unit_test_setup(test_partly_cached, ch_reset),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
