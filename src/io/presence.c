@@ -12,13 +12,19 @@
  *
  * Where locks are not to be had (a filesystem without them, a kernel
  * before 3.15, a checkpoint of so many files that three descriptors each
- * would crowd RLIMIT_NOFILE), a load is alone as far as it can tell.
+ * would crowd RLIMIT_NOFILE), a load is alone as far as it can tell. So it
+ * is on filesystems shared between machines (NFS, SMB, Lustre, GPFS, Ceph,
+ * BeeGFS, FUSE): their locks reach loads on other machines, whose page
+ * caches are their own, and each look would be a round trip. A child
+ * forked during a load keeps the lock until it closes its copy or exits;
+ * the worst a stale lock does is send a load through the page cache.
  */
 #include "io.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 /* Far past any file's data, inside a 64-bit off_t. */
@@ -28,6 +34,29 @@ struct fsti_presence {
 	size_t n;
 	int fd[]; /* -1: no lock held on that file */
 };
+
+/* Whether fd's filesystem is one machine's own (statfs magic numbers). */
+static bool local_filesystem(int fd)
+{
+	static const unsigned long shared[] = {
+		0x6969,     /* NFS */
+		0xff534d42, /* CIFS */
+		0xfe534d42, /* SMB2 */
+		0x517b,     /* SMB */
+		0x0bd00bd0, /* Lustre */
+		0x47504653, /* GPFS */
+		0x00c36400, /* Ceph */
+		0x19830326, /* BeeGFS */
+		0x65735546, /* FUSE */
+	};
+	struct statfs sf;
+	if (fstatfs(fd, &sf))
+		return false;
+	for (size_t i = 0; i < sizeof shared / sizeof *shared; i++)
+		if ((unsigned long)sf.f_type == shared[i])
+			return false;
+	return true;
+}
 
 static struct flock presence_lock(short type)
 {
@@ -55,8 +84,8 @@ struct fsti_presence *fsti_presence_join(const fst_checkpoint *ck)
 	for (size_t i = 0; i < n; i++) {
 		const fst_file *f = fst_checkpoint_file(ck, i);
 		p->fd[i] = -1;
-		if (!room || !f || f->fd < 0)
-			continue; /* a remote file or a memory image: no one to meet */
+		if (!room || !f || f->fd < 0 || !local_filesystem(f->fd))
+			continue; /* a remote file, a memory image, a shared filesystem */
 		char why[96];
 		bool other = false;
 		int fd = fsti_reopen(f, 0, &other, why, sizeof why);
