@@ -57,7 +57,21 @@ __version__ = _fst.version()
 # the reference API (imported last: it builds on the names above).
 from .compat.safetensors import safe_open  # noqa: E402
 
-# ---- the fastsafetensors API: switching is an import change. Last, since
-# fst.compat.fastsafetensors builds on everything above.
-from .compat.fastsafetensors import (  # noqa: E402,F401
-    FilesBufferOnDevice, SafeTensorsFileLoader, SingleGroup, fastsafe_open)
+# ---- the fastsafetensors API: switching is an import change. Imported on
+# first use (PEP 562): fst.compat.fastsafetensors and what it brings in were
+# most of `import fst`'s time, which a server that never touches that face
+# pays at start-up and the CLI's Python callers on every run.
+_FASTSAFE = ("FilesBufferOnDevice", "SafeTensorsFileLoader", "SingleGroup", "fastsafe_open")
+
+
+def __getattr__(name):
+    if name in _FASTSAFE:
+        from .compat import fastsafetensors
+        value = getattr(fastsafetensors, name)
+        globals()[name] = value  # later look-ups go straight to the module's dict
+        return value
+    raise AttributeError(f"module 'fst' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_FASTSAFE))

@@ -257,3 +257,27 @@ def test_pytorch_default_needs_torch(fst_pkg, matrices):
     # the missing torch found, before any file is added or read
     with pytest.raises(ImportError, match="torch"):
         fst_pkg.SafeTensorsFileLoader(fst_pkg.SingleGroup(), "cpu", nogds=True)
+
+
+def test_face_imported_on_first_use(fst_pkg, run_python):
+    """`import fst` leaves fst.compat.fastsafetensors unimported (most of the
+    import's time); the face's names still resolve from fst, to the face's
+    own objects, and are listed by dir(fst)."""
+    r = run_python("""
+        import sys, fst
+        assert 'fst.compat.fastsafetensors' not in sys.modules, 'imported early'
+        names = ('FilesBufferOnDevice', 'SafeTensorsFileLoader', 'SingleGroup', 'fastsafe_open')
+        assert all(n in dir(fst) for n in names)
+        from fst import SafeTensorsFileLoader
+        import fst.compat.fastsafetensors as face
+        assert all(getattr(fst, n) is getattr(face, n) for n in names)
+        assert SafeTensorsFileLoader is face.SafeTensorsFileLoader
+        try:
+            fst.no_such_name
+        except AttributeError as e:
+            assert 'no_such_name' in str(e)
+        else:
+            raise SystemExit('no AttributeError')
+        print('ok')
+        """)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
