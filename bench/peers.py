@@ -36,9 +36,15 @@ is also a ratio to it):
   read:buffered-streams        the same, buffered, 4 MiB preads
 Cold needs root for /proc/sys/vm/drop_caches; otherwise each file is evicted
 with posix_fadvise(DONTNEED).
+
+Each loader's modules are imported before its clock starts, as an engine
+imports its loader at start-up (the pread limit has no import either); the
+import's own time is reported beside the table. Runs before 2026-12-04c
+timed the import with the load (fst's: 8-12 ms on the H200).
 """
 import argparse
 import glob
+import importlib
 import json
 import os
 import resource
@@ -96,6 +102,13 @@ def headers(files):
         h.pop("__metadata__", None)
         out.append((f, 8 + n, h))
     return out
+
+
+# what each loader imports: done before the clock (child)
+MODULES = {"fst.load": ["fst"], "fst.iter_tensors": ["fst"], "fst.iter_into_params": ["fst"],
+           "safetensors": ["safetensors.torch"], "fastsafetensors": ["fastsafetensors"],
+           "instanttensor": ["instanttensor"], "instanttensor.buffered": ["instanttensor"],
+           "runai": ["runai_model_streamer"]}
 
 
 def kind(name):
@@ -218,6 +231,10 @@ def child(a):
         free0 = torch.cuda.mem_get_info(torch.device(a.device))[0]
     name = a.child.split("+")[0]  # with its options: load_with reads them
     params = prepare(name, files, a.device)
+    t_import = time.perf_counter()
+    for m in MODULES[kind(name)]:
+        importlib.import_module(m)
+    t_import = time.perf_counter() - t_import
     if cuda:
         torch.cuda.synchronize()
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -229,7 +246,7 @@ def child(a):
     if cuda:
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    out = {"seconds": dt,
+    out = {"seconds": dt, "import_seconds": t_import,
            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
            "rss_before_bytes": rss0 * 1024}
     if cuda:
@@ -406,7 +423,7 @@ def main():
                     dump()
                     continue
                 record(name, mode, r, res["seconds"])
-                for k in ("peak_rss_bytes", "device_bytes", "check"):
+                for k in ("peak_rss_bytes", "device_bytes", "import_seconds", "check"):
                     if k in res:
                         info[name][k] = max(info[name].get(k, 0), res[k]) if k != "check" \
                             else res[k]
@@ -452,6 +469,10 @@ def main():
               f"{listed(per_round(w, copy))} | {listed(c)} | {listed(per_round(c, best_read))} | "
               f"{gb(info[n].get('peak_rss_bytes', 0))} GB | "
               f"{gb(info[n].get('device_bytes', 0))} GB | {info[n].get('check', '-')} |")
+    imports = [f"{n} {info[n]['import_seconds'] * 1e3:.1f}" for n in loaders_shown
+               if "import_seconds" in info[n]]
+    if imports:
+        print("imports before the clock, ms (the slowest of the passes): " + ", ".join(imports))
     for mode in modes:
         for r in range(nrounds):
             ranked = sorted(((rate(n, mode)[r], n) for n in loaders_shown
