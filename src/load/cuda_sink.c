@@ -73,20 +73,26 @@ static enum staging_pages staging_pages(void)
 	return v && !strcmp(v, "lazy") ? STAGING_LAZY : STAGING_HUGE;
 }
 
-static int pinned_get(const struct fsti_cuda *cu, uint64_t len, unsigned threads,
-		      struct pinned_block *out, CUresult *r)
+/* A block of len bytes kept by an earlier load, into *out. */
+static bool pinned_take(uint64_t len, struct pinned_block *out)
 {
+	bool found = false;
 	pthread_mutex_lock(&pool_lock);
-	for (int i = 0; i < pool_n; i++)
+	for (int i = 0; i < pool_n && !found; i++)
 		if (pool[i].len == len) {
 			*out = pool[i];
 			pool[i] = pool[--pool_n];
 			pool_bytes -= len;
-			pthread_mutex_unlock(&pool_lock);
-			*r = 0;
-			return 0;
+			found = true;
 		}
 	pthread_mutex_unlock(&pool_lock);
+	return found;
+}
+
+/* A new pinned block of len bytes, faulted in on `threads` threads. */
+static int pinned_new(const struct fsti_cuda *cu, uint64_t len, unsigned threads,
+		      struct pinned_block *out, CUresult *r)
+{
 	*out = (struct pinned_block){NULL, len, 0};
 	if (fsti_fault("pin")) {
 		*r = FSTI_CUDA_ERROR_OUT_OF_MEMORY;
@@ -133,11 +139,25 @@ void fst_trim(void)
 	pthread_mutex_unlock(&pool_lock);
 }
 
+/*
+ * A load whose staging no earlier load left behind pins it on the loading
+ * thread after the workers have started: they make their streams and
+ * events meanwhile, then wait at the gate (cuda_worker_init). On a
+ * process's first load the two cost 7-12 ms and 2-3.5 ms on the H200, one
+ * after the other before (bench/results/h200-2026-12-02-first-load,
+ * h200-2026-12-04b/pin).
+ */
+enum pin_gate { PIN_PENDING, PIN_READY, PIN_FAILED };
+
 struct cuda_load {
 	const struct fsti_cuda *cu;
 	int device;
 	struct pinned_block pinned; /* every worker's slots */
+	uint64_t pinned_len;        /* their bytes (0: no worker) */
 	atomic_uint workers;        /* slot sets handed out */
+	pthread_mutex_t gate_lock;
+	pthread_cond_t gate_cond;
+	enum pin_gate gate;         /* written by the loading thread only */
 };
 
 struct cuda_worker {
@@ -198,6 +218,8 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 	struct cuda_load *l = fsti_calloc(1, sizeof *l);
 	if (!l)
 		return fsti_err(err, FST_ENOMEM, "out of memory");
+	pthread_mutex_init(&l->gate_lock, NULL);
+	pthread_cond_init(&l->gate_cond, NULL);
 	e->sink_ctx = l;
 	l->cu = cu;
 	l->device = b->device_id;
@@ -237,26 +259,44 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 					"%u bytes; pass an allocator for larger alignments",
 					b->device_id, e->opts.align);
 	}
-	/* Every worker's slots in one block, pinned here before the workers
-	 * start: the driver pins one call at a time, and one call for the
-	 * load costs about what one of the workers' own calls did (they
-	 * waited for each other, the last one up to 11 ms on the H200:
-	 * bench/results/h200-2026-12-02-first-load). */
-	double t0 = fsti_now();
-	uint64_t len = (uint64_t)e->nthreads * FSTI_SLOTS * e->slot_bytes;
-	CUresult r;
-	if (!len)
-		return 0; /* no byte to read: no workers, no slots */
-	if (pinned_get(cu, len, e->nthreads, &l->pinned, &r)) {
-		l->pinned.p = NULL;
-		return fsti_cuda_fail(cu, r, err,
-				      "cannot allocate %" PRIu64 " bytes of pinned staging "
-				      "memory (--staging sets the budget)",
-				      len);
-	}
-	fsti_log(FST_LOG_DEBUG, "cuda:%d: pinning %" PRIu64 " bytes of staging took %.1f ms",
-		 l->device, len, (fsti_now() - t0) * 1e3);
+	/* Every worker's slots in one block: the driver pins one call at a
+	 * time, and one call for the load costs about what one of the
+	 * workers' own calls did (they waited for each other, the last one up
+	 * to 11 ms on the H200: bench/results/h200-2026-12-02-first-load).
+	 * No worker (no byte to read) needs none; a kept block is ready. */
+	l->pinned_len = (uint64_t)e->nthreads * FSTI_SLOTS * e->slot_bytes;
+	l->gate = !l->pinned_len || pinned_take(l->pinned_len, &l->pinned) ? PIN_READY
+									    : PIN_PENDING;
 	return 0;
+}
+
+/* The staging pinned, on the loading thread while the workers set
+ * themselves up; the gate opens either way, so no worker waits past it. */
+static int cuda_load_started(struct fsti_engine *e, fst_error *err)
+{
+	struct cuda_load *l = e->sink_ctx;
+	if (l->gate != PIN_PENDING)
+		return 0;
+	double t0 = fsti_now();
+	struct pinned_block b;
+	CUresult r;
+	int rc = 0;
+	if (pinned_new(l->cu, l->pinned_len, e->nthreads, &b, &r))
+		rc = fsti_cuda_fail(l->cu, r, err,
+				    "cannot allocate %" PRIu64 " bytes of pinned staging "
+				    "memory (--staging sets the budget)",
+				    l->pinned_len);
+	else
+		fsti_log(FST_LOG_DEBUG,
+			 "cuda:%d: pinning %" PRIu64 " bytes of staging took %.1f ms",
+			 l->device, l->pinned_len, (fsti_now() - t0) * 1e3);
+	pthread_mutex_lock(&l->gate_lock);
+	if (!rc)
+		l->pinned = b;
+	l->gate = rc ? PIN_FAILED : PIN_READY;
+	pthread_cond_broadcast(&l->gate_cond);
+	pthread_mutex_unlock(&l->gate_lock);
+	return rc;
 }
 
 static void cuda_load_fini(struct fsti_engine *e)
@@ -267,6 +307,8 @@ static void cuda_load_fini(struct fsti_engine *e)
 	/* the workers are gone and their streams idle: no copy reads the slots */
 	if (l->pinned.p)
 		pinned_put(l->cu, l->pinned);
+	pthread_mutex_destroy(&l->gate_lock);
+	pthread_cond_destroy(&l->gate_cond);
 	fsti_free(l);
 	e->sink_ctx = NULL;
 }
@@ -288,19 +330,27 @@ static int cuda_worker_init(struct fsti_engine *e, void **state, fst_error *err)
 		w->stream = NULL;
 		return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot create a stream", l->device);
 	}
-	unsigned k = atomic_fetch_add(&l->workers, 1);
-	if (k >= e->nthreads)
-		return fsti_err(err, FST_EDEVICE, "cuda:%d: more workers than slot sets (%u)",
-				l->device, e->nthreads);
-	char *mine = l->pinned.p + (uint64_t)k * FSTI_SLOTS * e->slot_bytes;
 	for (int s = 0; s < FSTI_SLOTS; s++) {
 		r = cu->cuEventCreate(&w->ev[s], FSTI_CU_EVENT_DISABLE_TIMING);
 		if (r)
 			return fsti_cuda_fail(cu, r, err, "cuda:%d: cannot create an event",
 					      l->device);
 		w->ev_made[s] = true;
-		w->slot[s] = mine + (unsigned)s * e->slot_bytes;
 	}
+	pthread_mutex_lock(&l->gate_lock);
+	while (l->gate == PIN_PENDING)
+		pthread_cond_wait(&l->gate_cond, &l->gate_lock);
+	bool pinned = l->gate == PIN_READY;
+	pthread_mutex_unlock(&l->gate_lock);
+	if (!pinned) /* the loading thread reports why */
+		return fsti_err(err, FST_EDEVICE, "cuda:%d: no pinned staging", l->device);
+	unsigned k = atomic_fetch_add(&l->workers, 1);
+	if (k >= e->nthreads)
+		return fsti_err(err, FST_EDEVICE, "cuda:%d: more workers than slot sets (%u)",
+				l->device, e->nthreads);
+	char *mine = l->pinned.p + (uint64_t)k * FSTI_SLOTS * e->slot_bytes;
+	for (int s = 0; s < FSTI_SLOTS; s++)
+		w->slot[s] = mine + (unsigned)s * e->slot_bytes;
 	return 0;
 }
 
@@ -437,6 +487,7 @@ const struct fsti_sink fsti_sink_cuda = {
 	.how = " to pinned staging, async copies to the GPU",
 	.load_init = cuda_load_init,
 	.load_fini = cuda_load_fini,
+	.load_started = cuda_load_started,
 	.worker_init = cuda_worker_init,
 	.slot_buffer = cuda_slot_buffer,
 	.deliver = cuda_deliver,

@@ -741,6 +741,13 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 			fsti_ready_push_locked(e, i);
 	}
 	rc = start_workers(e, err);
+	if (!rc && e->sink && e->sink->load_started) {
+		rc = e->sink->load_started(e, err);
+		if (rc) {
+			atomic_store(&e->stop, 1);
+			join_workers(e);
+		}
+	}
 	if (rc)
 		goto fail;
 	/* what a load costs before its workers run (the first load of a

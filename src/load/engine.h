@@ -86,6 +86,10 @@ struct fsti_sink {
 	 * destination (e->buf->base, size, release_memory) and shared state. */
 	int (*load_init)(struct fsti_engine *e, fst_error *err);
 	void (*load_fini)(struct fsti_engine *e);
+	/* Load-wide set-up that can run while the workers set themselves up,
+	 * on the calling thread once they have started (optional): worker_init
+	 * waits for what it makes. On failure it leaves no worker waiting. */
+	int (*load_started)(struct fsti_engine *e, fst_error *err);
 	/* Per-worker state, with FSTI_SLOTS landing buffers of slot_bytes. */
 	int (*worker_init)(struct fsti_engine *e, void **state, fst_error *err);
 	/* Slot s's buffer, free to overwrite: waits for copies still reading

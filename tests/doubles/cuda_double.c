@@ -500,11 +500,20 @@ static void note_resident(void *p, size_t n)
 	free(v);
 }
 
+/* Streams made so far, and how many had been made when the last
+ * registration returned: whether workers set up while staging was pinned. */
+static atomic_long streams_made, streams_at_register = -1;
+
 API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
 {
 	if (!p || !n || (flags & ~1u))
 		return INVALID_VALUE;
 	note_resident(p, n);
+	/* FST_DOUBLE_REGISTER_MS: a registration as slow as a real driver's */
+	long ms = env_long("FST_DOUBLE_REGISTER_MS", 0);
+	if (ms > 0)
+		usleep((useconds_t)ms * 1000);
+	atomic_store(&streams_at_register, atomic_load(&streams_made));
 	/* the driver touches every page it pins: so does the double */
 	for (size_t i = 0; i < n; i += 4096)
 		((volatile char *)p)[i] = ((volatile char *)p)[i];
@@ -546,6 +555,7 @@ API CUresult cuStreamCreate(void **out, unsigned flags)
 	s->seed = (unsigned)(uintptr_t)s ^ (unsigned)time(NULL);
 	pthread_create(&s->thread, NULL, stream_main, s);
 	*out = s;
+	atomic_fetch_add(&streams_made, 1);
 	return OK;
 }
 
@@ -682,6 +692,8 @@ API long fst_double_live_host(void) { return atomic_load(&live_host); }
 API long fst_double_live_mapped(void) { return atomic_load(&live_mapped); }
 API long fst_double_live_registered(void) { return atomic_load(&live_registered); }
 API long fst_double_resident_at_register(void) { return atomic_load(&resident_at_register); }
+API long fst_double_streams_made(void) { return atomic_load(&streams_made); }
+API long fst_double_streams_at_register(void) { return atomic_load(&streams_at_register); }
 /* Whether p is a device address of a DEVICEMAP block (not its host address). */
 API int fst_double_is_mapped_device(const void *p)
 {

@@ -5,7 +5,8 @@
  * it, on whatever thread that is. New staging blocks are huge-page memory
  * registered with the driver, faulted in before the registration (left to
  * the driver with FST_STAGING_PAGES=lazy), or cuMemHostAlloc's with
- * FST_STAGING_PAGES=driver; both kinds go back to their own free call. */
+ * FST_STAGING_PAGES=driver; both kinds go back to their own free call. A
+ * first load's workers set themselves up while its staging is pinned. */
 #include "cuda_helpers.h"
 
 #include <pthread.h>
@@ -125,6 +126,46 @@ static void test_staging_pages(void **state)
 	ch_close(&c);
 }
 
+/* A first load pins its staging while its workers make their streams and
+ * events: with a registration that takes 150 ms, every worker's stream
+ * exists before it returns (the workers used to start only after it). A
+ * later load takes the kept block and registers nothing. */
+static void test_staging_pinned_beside_workers(void **state)
+{
+	(void)state;
+	long (*made)(void) = (long (*)(void))ch_sym("fst_double_streams_made");
+	long (*at_register)(void) = (long (*)(void))ch_sym("fst_double_streams_at_register");
+	long (*live_registered)(void) = (long (*)(void))ch_sym("fst_double_live_registered");
+	ch_ckpt c;
+	ch_write_random("gate", 49, &ch_small_gen, &c);
+	ch_open(&c, c.dir);
+	fst_trim();
+	setenv("FST_DOUBLE_REGISTER_MS", "150", 1);
+	fst_load_opts o;
+	ch_opts(&o, "cuda:0", FST_IO_PREAD, 4, 1 * MiB);
+	for (int load = 0; load < 2; load++) {
+		long before = made(), r0 = live_registered();
+		fst_buffer *buf = NULL;
+		fst_error err;
+		if (fst_load(c.ck, &o, &buf, &err))
+			fail_msg("load %d: %s", load + 1, err.message);
+		ch_assert_buffer(&c, buf, 0);
+		fst_buffer_release(buf);
+		if (load == 0) {
+			if (at_register() - before < 1)
+				fail_msg("no worker had made its stream when the staging's "
+					 "registration returned (%ld of %ld)",
+					 at_register() - before, made() - before);
+		} else {
+			assert_int_equal(live_registered(), r0); /* the kept block */
+		}
+	}
+	unsetenv("FST_DOUBLE_REGISTER_MS");
+	fst_trim();
+	ch_assert_clean("after trimming", c.host_base);
+	ch_close(&c);
+}
+
 /* Views keep the device memory alive; the last one to go frees it, on
  * whatever thread that is. */
 static void test_lifetime(void **state)
@@ -173,6 +214,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_pinned_pool, ch_reset),
 		cmocka_unit_test_setup(test_staging_pages, ch_reset),
+		cmocka_unit_test_setup(test_staging_pinned_beside_workers, ch_reset),
 		cmocka_unit_test_setup(test_lifetime, ch_reset),
 	};
 	return cmocka_run_group_tests(tests, ch_setup, ch_teardown);
