@@ -15,7 +15,9 @@
 #           reversed), then, with ALSO_FIRST_LOAD=1, step 3
 #   STEP=3  gpt-oss-20b read into the page cache, then two streamed loads in
 #           one process (first-load.txt: when each share of the bytes was
-#           ready, bench/first_load.py)
+#           ready, bench/first_load.py), and fst.load's set-up and pinning,
+#           first and later loads of fresh processes (first-load.txt too:
+#           bench/first_load.py loads, FST_LOG=debug)
 #   STEP=4  cold replicas (replicas.txt): `fst load` of gpt-oss-20b onto
 #           cuda:0, one process and three at once, with io=auto (O_DIRECT
 #           alone, the page cache where another load reads the files), O_DIRECT
@@ -34,13 +36,12 @@ STEP=${STEP:?STEP=1, 2 or 3}
 OUT=${OUT:-/tmp/fst-sbs-out}
 WORK=${WORK:-/tmp/fst-cold-work}
 RES=$WORK/sbs # the runs' files, kept between steps
-# fst.load+FST_STAGING_PAGES=lazy: the staging's pages faulted in by the driver's
-# registration, on one thread (fst's way before it faulted them in on the workers'
-# count of threads), measured beside the default
-WARM="fst.load,fst.iter_into_params,fst.load+FST_STAGING_PAGES=lazy,safetensors,fastsafetensors,instanttensor.buffered,runai"
-# the read patterns: fastsafetensors' requests without its GPU side, and the
-# page cache with readahead (the best pattern of the earlier H200 disks)
-COLD="fst.load,fastsafetensors,instanttensor,runai,safetensors,read:direct-small,read:willneed"
+WARM="fst.load,fst.iter_into_params,safetensors,fastsafetensors,instanttensor.buffered,runai"
+# the read pattern: the page cache with readahead, the best pattern of every
+# H200 disk so far (16 x 512 KiB O_DIRECT, read:direct-small, was below it in
+# every round of h200-2026-12-04-sbs and -04b, and below fst: COLD_PATTERNS
+# adds it back)
+COLD="fst.load,fastsafetensors,instanttensor,runai,safetensors,read:willneed${COLD_PATTERNS:+,$COLD_PATTERNS}"
 mkdir -p "$OUT" "$RES"
 export WORK
 
@@ -92,6 +93,8 @@ case $STEP in
 		cat "$WORK"/ck/gpt-oss-20b/*.safetensors >/dev/null
 		timeout 40 python3 bench/first_load.py timeline "$WORK/ck/gpt-oss-20b" \
 			>"$OUT/first-load.txt" 2>&1
+		timeout 90 python3 bench/first_load.py loads "$WORK/ck/gpt-oss-20b" \
+			>>"$OUT/first-load.txt" 2>&1
 	fi
 	;;
 4)
