@@ -479,6 +479,11 @@ def main():
                              if n not in PATTERNS and rate(n, mode)[r]), reverse=True)
             print(f"{mode} round {r + 1}, fastest first: " +
                   ", ".join(f"{n} {x:.2f}" for x, n in ranked))
+            peers = [(x, n) for x, n in ranked if not kind(n).startswith("fst.")]
+            ours = [(x, n) for x, n in ranked if kind(n).startswith("fst.")]
+            if peers and ours:
+                print(f"{mode} round {r + 1}, against the fastest peer ({peers[0][1]}): " +
+                      ", ".join(f"{n} {x / peers[0][0]:.3f}x" for x, n in ours))
     dump()
 
 
