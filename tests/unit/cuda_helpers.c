@@ -340,6 +340,97 @@ void ch_opts(fst_load_opts *o, const char *device, int io, unsigned threads, uin
 	o->staging_bytes = staging;
 }
 
+int ch_load_whole_or_streamed(const ch_ckpt *c, const fst_load_opts *o, bool stream,
+			      fst_buffer **out, fst_error *err)
+{
+	int rc;
+	*out = NULL;
+	if (!stream) {
+		rc = fst_load(c->ck, o, out, err);
+	} else {
+		fst_loader *ld = NULL;
+		rc = fst_load_start(c->ck, o, &ld, err);
+		fst_tensor_view v;
+		while (!rc && (rc = fst_loader_next(ld, &v, err)) == 1) {
+			ch_assert_view(c, &v, 0);
+			fst_view_release(&v);
+			rc = 0;
+		}
+		if (ld) {
+			fst_error ferr;
+			int frc = fst_loader_finish(ld, out, &ferr);
+			if (!rc) {
+				rc = frc;
+				*err = ferr;
+			}
+		}
+	}
+	if (!rc)
+		ch_assert_buffer(c, *out, 0);
+	return rc;
+}
+
+void ch_cold_fault_loop(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
+			const char *site, int code, const char *says)
+{
+	unsigned failures = 0;
+	setenv(var, value, 1);
+	for (long n = 1;; n++) {
+		if (n > 3000)
+			fail_msg("%s: still failing after 3000 calls", site);
+		char spec[64];
+		snprintf(spec, sizeof spec, "%s:%ld", site, n);
+		fst_load_opts o;
+		ch_opts(&o, "cuda:0", FST_IO_AUTO, 4, 1 * MiB);
+		o.chunk_bytes = chunk;
+		lh_evict(c->ck);
+		fst_error err;
+		assert_int_equal(fst_fault_set(spec, &err), 0);
+		fst_buffer *buf = (fst_buffer *)&o;
+		int rc = fst_load(c->ck, &o, &buf, &err);
+		long injected = fst_fault_last(NULL, 0);
+		assert_int_equal(fst_fault_set(NULL, NULL), 0);
+		if (!rc) {
+			if (!strstr(fst_buffer_describe(buf), says))
+				fail_msg("%s: \"%s\"", spec, fst_buffer_describe(buf));
+			ch_assert_buffer(c, buf, 0);
+			fst_buffer_release(buf);
+			ch_assert_clean(spec, c->host_base);
+			if (!injected)
+				break;
+			continue;
+		}
+		failures++;
+		if (rc != code || !err.message[0])
+			fail_msg("%s: status %d (%s), expected %d", spec, rc, err.message, code);
+		assert_null(buf);
+		ch_assert_clean(spec, c->host_base);
+	}
+	if (!failures)
+		fail_msg("%s: no load failed", site);
+	unsetenv(var);
+}
+
+void ch_cold_freed_at_once(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
+			   const unsigned *threads, size_t n)
+{
+	setenv(var, value, 1);
+	ch_set_delay("2000"); /* slow copies: the load is still reading */
+	for (size_t k = 0; k < n; k++) {
+		fst_load_opts o;
+		ch_opts(&o, "cuda:0", FST_IO_AUTO, threads[k], 1 * MiB);
+		o.chunk_bytes = chunk;
+		lh_evict(c->ck);
+		fst_loader *ld;
+		fst_error err;
+		assert_int_equal(fst_load_start(c->ck, &o, &ld, &err), 0);
+		fst_loader_free(ld);
+		ch_assert_clean("freed at once", c->host_base);
+	}
+	ch_set_delay("0");
+	unsetenv(var);
+}
+
 int ch_setup(void **state)
 {
 	(void)state;

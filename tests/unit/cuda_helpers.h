@@ -101,6 +101,26 @@ void ch_assert_buffer(const ch_ckpt *c, fst_buffer *buf, int device_id);
 /* Options for a load to device. */
 void ch_opts(fst_load_opts *o, const char *device, int io, unsigned threads, uint64_t staging);
 
+/* ---- loads of cold files (the cold probe's and the cold mix's tests) */
+
+/* c loaded with o, whole (fst_load) or streamed (every view checked on
+ * cuda:0 as it comes, then fst_loader_finish); the status, and the buffer
+ * in *out, checked against the files when loaded. */
+int ch_load_whole_or_streamed(const ch_ckpt *c, const fst_load_opts *o, bool stream,
+			      fst_buffer **out, fst_error *err);
+/* Fail the N-th call at site, N = 1, 2, ... until no call fails, in cold
+ * loads of c onto cuda:0 (io=auto, 4 threads, chunk bytes) with the
+ * environment variable var set to value: each load fails with code, a
+ * message and nothing left, or gives the files' bytes and a description
+ * that contains says. Fails the test when no load failed. */
+void ch_cold_fault_loop(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
+			const char *site, int code, const char *says);
+/* Cold loads of c onto cuda:0 (io=auto, chunk bytes, each of the n thread
+ * counts) with var set to value and copies slowed to 2 ms, each freed as
+ * soon as it started: each stops and leaves nothing. */
+void ch_cold_freed_at_once(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
+			   const unsigned *threads, size_t n);
+
 /* ---- set-up */
 
 /* 77 (skip) when FST_CUDA_LIBRARY is not set (not run by ctest), else 0. */

@@ -155,31 +155,7 @@ static int cold_load(const char *env, unsigned threads, bool stream, fst_buffer 
 	ch_opts(&o, "cuda:0", FST_IO_AUTO, threads, 1 * MiB);
 	o.chunk_bytes = CHUNK;
 	lh_evict(c.ck);
-	int rc;
-	*out = NULL;
-	if (!stream) {
-		rc = fst_load(c.ck, &o, out, err);
-	} else {
-		fst_loader *ld = NULL;
-		rc = fst_load_start(c.ck, &o, &ld, err);
-		fst_tensor_view v;
-		while (!rc && (rc = fst_loader_next(ld, &v, err)) == 1) {
-			ch_assert_view(&c, &v, 0);
-			fst_view_release(&v);
-			rc = 0;
-		}
-		if (ld) {
-			fst_error ferr;
-			int frc = fst_loader_finish(ld, out, &ferr);
-			if (!rc) {
-				rc = frc;
-				*err = ferr;
-			}
-		}
-	}
-	if (!rc)
-		ch_assert_buffer(&c, *out, 0);
-	return rc;
+	return ch_load_whole_or_streamed(&c, &o, stream, out, err);
 }
 
 static void test_mix_gives_the_files_bytes(void **state)
@@ -306,56 +282,19 @@ static void test_bad_env_is_a_usage_error(void **state)
 	ch_assert_clean("bad FST_COLD_MIX", c.host_base);
 }
 
-/* Fail the N-th call at site, N = 1, 2, ... until no call fails: each load
- * either fails with code, a message and nothing left, or gives the files'
- * bytes. */
-static void fault_loop(const char *site, int code)
-{
-	unsigned failures = 0;
-	setenv("FST_COLD_MIX", "on", 1);
-	for (long n = 1;; n++) {
-		if (n > 3000)
-			fail_msg("%s: still failing after 3000 calls", site);
-		char spec[64];
-		snprintf(spec, sizeof spec, "%s:%ld", site, n);
-		fst_load_opts o;
-		ch_opts(&o, "cuda:0", FST_IO_AUTO, 4, 1 * MiB);
-		o.chunk_bytes = CHUNK;
-		lh_evict(c.ck);
-		fst_error err;
-		assert_int_equal(fst_fault_set(spec, &err), 0);
-		fst_buffer *buf = (fst_buffer *)&o;
-		int rc = fst_load(c.ck, &o, &buf, &err);
-		long injected = fst_fault_last(NULL, 0);
-		assert_int_equal(fst_fault_set(NULL, NULL), 0);
-		if (!rc) {
-			assert_non_null(strstr(fst_buffer_describe(buf), "both at once"));
-			ch_assert_buffer(&c, buf, 0);
-			fst_buffer_release(buf);
-			ch_assert_clean(spec, c.host_base);
-			if (!injected)
-				break;
-			continue;
-		}
-		failures++;
-		if (rc != code || !err.message[0])
-			fail_msg("%s: status %d (%s), expected %d", spec, rc, err.message, code);
-		assert_null(buf);
-		ch_assert_clean(spec, c.host_base);
-	}
-	if (!failures)
-		fail_msg("%s: no load failed", site);
-	unsetenv("FST_COLD_MIX");
-}
-
 static void test_failures_either_way_are_clean(void **state)
 {
 	(void)state;
 	if (!can_evict || !ch_uring_ok)
 		skip();
-	fault_loop("uring_complete", FST_EIO); /* an O_DIRECT read */
-	fault_loop("uring_submit", FST_EIO);   /* a ring's set-up or a submission */
-	fault_loop("read", FST_EIO);           /* a read through the page cache */
+	static const char *const sites[] = {
+		"uring_complete", /* an O_DIRECT read */
+		"uring_submit",   /* a ring's set-up or a submission */
+		"read",           /* a read through the page cache */
+	};
+	for (size_t k = 0; k < 3; k++)
+		ch_cold_fault_loop(&c, "FST_COLD_MIX", "on", CHUNK, sites[k], FST_EIO,
+				   "both at once");
 }
 
 static void test_free_at_once(void **state)
@@ -363,21 +302,8 @@ static void test_free_at_once(void **state)
 	(void)state;
 	if (!can_evict || !ch_uring_ok)
 		skip();
-	setenv("FST_COLD_MIX", "on", 1);
-	ch_set_delay("2000");
-	for (unsigned threads = 2; threads <= 16; threads *= 2) {
-		fst_load_opts o;
-		ch_opts(&o, "cuda:0", FST_IO_AUTO, threads, 1 * MiB);
-		o.chunk_bytes = CHUNK;
-		lh_evict(c.ck);
-		fst_loader *ld;
-		fst_error err;
-		assert_int_equal(fst_load_start(c.ck, &o, &ld, &err), 0);
-		fst_loader_free(ld);
-		ch_assert_clean("freed at once", c.host_base);
-	}
-	ch_set_delay("0");
-	unsetenv("FST_COLD_MIX");
+	static const unsigned threads[] = {2, 4, 8, 16};
+	ch_cold_freed_at_once(&c, "FST_COLD_MIX", "on", CHUNK, threads, 4);
 }
 
 int main(void)

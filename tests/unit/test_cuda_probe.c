@@ -52,32 +52,9 @@ static int cold_load(const char *env, unsigned threads, bool stream, fst_buffer 
 	o.chunk_bytes = CHUNK;
 	lh_evict(c.ck);
 	assert_int_equal(fst_fault_set("prefetch:1+", err), 0); /* counts, refuses */
-	int rc;
-	*out = NULL;
-	if (!stream) {
-		rc = fst_load(c.ck, &o, out, err);
-	} else {
-		fst_loader *ld = NULL;
-		rc = fst_load_start(c.ck, &o, &ld, err);
-		fst_tensor_view v;
-		while (!rc && (rc = fst_loader_next(ld, &v, err)) == 1) {
-			ch_assert_view(&c, &v, 0);
-			fst_view_release(&v);
-			rc = 0;
-		}
-		if (ld) {
-			fst_error ferr;
-			int frc = fst_loader_finish(ld, out, &ferr);
-			if (!rc) {
-				rc = frc;
-				*err = ferr;
-			}
-		}
-	}
+	int rc = ch_load_whole_or_streamed(&c, &o, stream, out, err);
 	*asked = fst_fault_last(NULL, 0);
 	assert_int_equal(fst_fault_set(NULL, NULL), 0);
-	if (!rc)
-		ch_assert_buffer(&c, *out, 0);
 	return rc;
 }
 
@@ -200,59 +177,21 @@ static void test_bad_env_is_a_usage_error(void **state)
 	ch_assert_clean("bad FST_COLD_PROBE", c.host_base);
 }
 
-/* Fail the N-th call at site, N = 1, 2, ... until no call fails: each load
- * either has status code with a message and leaves nothing, or (a fault
- * the load works around) gives the files' bytes. */
-static void fault_loop(const char *site, const char *env, int code)
-{
-	unsigned failures = 0;
-	for (long n = 1;; n++) {
-		if (n > 3000)
-			fail_msg("%s: still failing after 3000 calls", site);
-		char spec[64];
-		snprintf(spec, sizeof spec, "%s:%ld", site, n);
-		setenv("FST_COLD_PROBE", env, 1);
-		fst_load_opts o;
-		ch_opts(&o, "cuda:0", FST_IO_AUTO, 4, 1 * MiB);
-		o.chunk_bytes = CHUNK;
-		lh_evict(c.ck);
-		fst_error err;
-		assert_int_equal(fst_fault_set(spec, &err), 0);
-		fst_buffer *buf = (fst_buffer *)&o;
-		int rc = fst_load(c.ck, &o, &buf, &err);
-		long injected = fst_fault_last(NULL, 0);
-		assert_int_equal(fst_fault_set(NULL, NULL), 0);
-		if (!rc) {
-			assert_non_null(strstr(fst_buffer_describe(buf), "cold probe"));
-			ch_assert_buffer(&c, buf, 0);
-			fst_buffer_release(buf);
-			ch_assert_clean(spec, c.host_base);
-			if (!injected)
-				break;
-			continue;
-		}
-		failures++;
-		if (rc != code || !err.message[0])
-			fail_msg("%s: status %d (%s), expected %d", spec, rc, err.message, code);
-		assert_null(buf);
-		ch_assert_clean(spec, c.host_base);
-	}
-	if (!failures)
-		fail_msg("%s: no load failed", site);
-}
-
 static void test_failures_in_the_probe_are_clean(void **state)
 {
 	(void)state;
 	if (!can_evict || !ch_uring_ok)
 		skip();
 	/* O_DIRECT reads: the first stretch, and the rest when kept */
-	fault_loop("uring_complete", "65536:direct", FST_EIO);
+	ch_cold_fault_loop(&c, "FST_COLD_PROBE", "65536:direct", CHUNK, "uring_complete", FST_EIO,
+			   "cold probe");
 	/* io_uring's set-up (a worker whose ring cannot be made reads its
 	 * O_DIRECT chunks through the page cache) and submissions */
-	fault_loop("uring_submit", "65536:direct", FST_EIO);
+	ch_cold_fault_loop(&c, "FST_COLD_PROBE", "65536:direct", CHUNK, "uring_submit", FST_EIO,
+			   "cold probe");
 	/* reads through the page cache: the second stretch, and the rest */
-	fault_loop("read", "65536:readahead", FST_EIO);
+	ch_cold_fault_loop(&c, "FST_COLD_PROBE", "65536:readahead", CHUNK, "read", FST_EIO,
+			   "cold probe");
 }
 
 /* A load freed while its workers wait for the first stretch stops. */
@@ -261,21 +200,8 @@ static void test_free_while_probing(void **state)
 	(void)state;
 	if (!can_evict || !ch_uring_ok)
 		skip();
-	setenv("FST_COLD_PROBE", "65536", 1);
-	ch_set_delay("2000"); /* slow copies: the load is still probing */
-	for (unsigned threads = 1; threads <= 16; threads *= 4) {
-		fst_load_opts o;
-		ch_opts(&o, "cuda:0", FST_IO_AUTO, threads, 1 * MiB);
-		o.chunk_bytes = CHUNK;
-		lh_evict(c.ck);
-		fst_loader *ld;
-		fst_error err;
-		assert_int_equal(fst_load_start(c.ck, &o, &ld, &err), 0);
-		fst_loader_free(ld);
-		ch_assert_clean("freed while probing", c.host_base);
-	}
-	ch_set_delay("0");
-	unsetenv("FST_COLD_PROBE");
+	static const unsigned threads[] = {1, 4, 16};
+	ch_cold_freed_at_once(&c, "FST_COLD_PROBE", "65536", CHUNK, threads, 3);
 }
 
 int main(void)
