@@ -572,7 +572,7 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	 * same chunks, read ahead in their stretch) */
 	bool mix_wanted = e->opts.io == FST_IO_AUTO && reads_ahead(e) && fsti_mix_asked() &&
 			  !fsti_probe_asked() && e->device_type != FST_DEVICE_CPU && !e->unified &&
-			  !e->opts.stream_bytes;
+			  (!e->opts.stream_bytes || e->opts.stream_bytes == FST_STREAM_OFF);
 	if (!rc && (e->cold_direct || mix_wanted) && !fsti_gds_direct_count(e->gds) &&
 	    (!opts || !opts->chunk_bytes))
 		e->opts.chunk_bytes = FSTI_COLD_DIRECT_CHUNK;
