@@ -12,7 +12,10 @@
 #           model)
 #   STEP=2  one more cold round on both (run it once per round: each round
 #           after the first runs the loaders in the other round's order
-#           reversed), then, with ALSO_FIRST_LOAD=1, step 3
+#           reversed), then, with ALSO_FIRST_LOAD=1, step 3; on a bare
+#           machine (fst not installed) the wheel and both checkpoints
+#           first; GPU_SUITE=.dev/test_gpu runs the GPU suite first
+#           (gpu-suite.txt); COLD_ALSO adds loaders to the round
 #   STEP=3  gpt-oss-20b read into the page cache, then two streamed loads in
 #           one process (first-load.txt: when each share of the bytes was
 #           ready, bench/first_load.py), and fst.load's set-up and pinning,
@@ -83,6 +86,23 @@ case $STEP in
 	esac
 	;;
 2 | 3)
+	# A machine given back since STEP=1 comes back bare: the wheel and the
+	# checkpoints again, before the timed parts (machine.txt says so)
+	if ! python3 -c 'import fst' 2>/dev/null; then
+		mkdir -p "$WORK/install"
+		OUT=$WORK/install bash scripts/gpu-install.sh
+		cat "$WORK/install/wheel.txt" "$WORK/install/machine.txt" >"$OUT/machine.txt"
+		python3 bench/make_checkpoints.py "$WORK/ck" >>"$OUT/machine.txt" 2>&1
+		sync
+	fi
+	# GPU_SUITE=PATH: the GPU suite built here (build/tests/test_gpu, copied
+	# into a carried folder) run first, into gpu-suite.txt
+	if [ -n "${GPU_SUITE:-}" ]; then
+		mkdir -p "$WORK/gpu-suite"
+		FST_GPU_TMP=$WORK/gpu-suite timeout 150 "$GPU_SUITE" >"$OUT/gpu-suite.txt" 2>&1
+		echo "exit $?" >>"$OUT/gpu-suite.txt"
+		rm -rf "$WORK/gpu-suite"
+	fi
 	if [ "$STEP" = 2 ]; then
 		peers gpt-oss-20b cold 260
 		peers llama3-8b cold 280
