@@ -411,6 +411,28 @@ void ch_cold_fault_loop(const ch_ckpt *c, const char *var, const char *value, ui
 	unsetenv(var);
 }
 
+void ch_cold_bad_env(const ch_ckpt *c, const char *var, const char *const *bad, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		setenv(var, bad[i], 1);
+		fst_load_opts o;
+		ch_opts(&o, "cuda:0", FST_IO_AUTO, 2, 1 * MiB);
+		lh_evict(c->ck);
+		fst_buffer *buf = (fst_buffer *)&o;
+		fst_error err;
+		int rc = fst_load(c->ck, &o, &buf, &err);
+		char quoted[64];
+		snprintf(quoted, sizeof quoted, "\"%s\"", bad[i]);
+		if (rc != FST_EUSAGE || !strstr(err.message, var) || !strstr(err.message, quoted))
+			fail_msg("%s=%s: status %d, \"%s\"", var, bad[i], rc, err.message);
+		assert_null(buf);
+		char text[1200];
+		assert_int_equal(fst_load_explain(c->ck, &o, text, sizeof text, &err), FST_EUSAGE);
+	}
+	unsetenv(var);
+	ch_assert_clean("bad values", c->host_base);
+}
+
 void ch_cold_freed_at_once(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
 			   const unsigned *threads, size_t n)
 {

@@ -115,6 +115,10 @@ int ch_load_whole_or_streamed(const ch_ckpt *c, const fst_load_opts *o, bool str
  * that contains says. Fails the test when no load failed. */
 void ch_cold_fault_loop(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
 			const char *site, int code, const char *says);
+/* Each of the n values of var, a load of cold c onto cuda:0 (io=auto)
+ * and its fst_load_explain: FST_EUSAGE with the variable and the value
+ * quoted, no buffer. */
+void ch_cold_bad_env(const ch_ckpt *c, const char *var, const char *const *bad, size_t n);
 /* Cold loads of c onto cuda:0 (io=auto, chunk bytes, each of the n thread
  * counts) with var set to value and copies slowed to 2 ms, each freed as
  * soon as it started: each stops and leaves nothing. */

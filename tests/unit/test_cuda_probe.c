@@ -158,23 +158,7 @@ static void test_bad_env_is_a_usage_error(void **state)
 {
 	(void)state;
 	static const char *const bad[] = {"fast", "65536:both", "-5", "12x", ":direct:"};
-	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-		setenv("FST_COLD_PROBE", bad[i], 1);
-		fst_load_opts o;
-		ch_opts(&o, "cuda:0", FST_IO_AUTO, 2, 1 * MiB);
-		lh_evict(c.ck);
-		fst_buffer *buf = (fst_buffer *)&o;
-		fst_error err;
-		int rc = fst_load(c.ck, &o, &buf, &err);
-		if (rc != FST_EUSAGE || !strstr(err.message, "FST_COLD_PROBE") ||
-		    !strstr(err.message, bad[i]))
-			fail_msg("FST_COLD_PROBE=%s: status %d, \"%s\"", bad[i], rc, err.message);
-		assert_null(buf);
-		char text[1200];
-		assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), FST_EUSAGE);
-	}
-	unsetenv("FST_COLD_PROBE");
-	ch_assert_clean("bad FST_COLD_PROBE", c.host_base);
+	ch_cold_bad_env(&c, "FST_COLD_PROBE", bad, sizeof bad / sizeof bad[0]);
 }
 
 static void test_failures_in_the_probe_are_clean(void **state)
