@@ -39,7 +39,8 @@ STEP=${STEP:?STEP=1, 2 or 3}
 OUT=${OUT:-/tmp/fst-sbs-out}
 WORK=${WORK:-/tmp/fst-cold-work}
 RES=$WORK/sbs # the runs' files, kept between steps
-WARM="fst.load,fst.iter_into_params,safetensors,fastsafetensors,instanttensor.buffered,runai"
+# WARM and WARM_ROUNDS (default 2) pick the warm step's loaders and rounds
+WARM=${WARM:-fst.load,fst.iter_into_params,safetensors,fastsafetensors,instanttensor.buffered,runai}
 # the read pattern: the page cache with readahead, the best pattern of every
 # H200 disk so far (16 x 512 KiB O_DIRECT, read:direct-small, was below it in
 # every round of h200-2026-12-04-sbs and -04b, and below fst). COLD_ALSO adds
@@ -55,7 +56,7 @@ peers() {
 	local m=$1 mode=$2 limit=$3
 	shift 3
 	local args="--rounds 1 --append"
-	[ "$mode" = warm ] && args="--no-cold --rounds 2 --only $WARM"
+	[ "$mode" = warm ] && args="--no-cold --rounds ${WARM_ROUNDS:-2} --only $WARM"
 	[ "$mode" = cold ] && args="--no-warm --check fst.load --only $COLD $args"
 	echo "$(date +%T) $m $mode $*" >>"$OUT/times.txt"
 	PEER_MODELS=$m SCRUB=other SWEEP=0 PEERS=1 TAG=$mode OUT=$RES PEER_ARGS="$args $*" \
