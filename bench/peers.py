@@ -296,15 +296,14 @@ def run_child(a, name, env, checked):
     cmd = [sys.executable, os.path.abspath(__file__), a.path, "--device", a.device,
            "--child", name] + (["--check", "child"] if checked else [])
     if kind(name).startswith("fst.") and "FST_LOG" not in env:
-        env = dict(env, FST_LOG="info")  # fst says what its cold probe or mix measured
+        env = dict(env, FST_LOG="info")  # fst says what its cold probe measured
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
             res = json.loads(line[7:])
-            # what the cold probe measured, or how the cold mix split the bytes
-            probe = [x for x in r.stderr.splitlines() if "cold probe: " in x or "cold mix: " in x]
+            probe = [x for x in r.stderr.splitlines() if "cold probe: " in x]
             if probe:
-                res["probe"] = probe[-1][probe[-1].index("cold "):]
+                res["probe"] = probe[-1].split("cold probe: ", 1)[1]
             return res
     return {"error": (r.stderr.strip().splitlines() or ["no result"])[-1][:300]}
 

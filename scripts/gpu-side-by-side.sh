@@ -44,8 +44,8 @@ WARM=${WARM:-fst.load,fst.iter_into_params,safetensors,fastsafetensors,instantte
 # the read pattern: the page cache with readahead, the best pattern of every
 # H200 disk so far (16 x 512 KiB O_DIRECT, read:direct-small, was below it in
 # every round of h200-2026-12-04-sbs and -04b, and below fst). COLD_ALSO adds
-# loaders or patterns to the cold step, e.g. fst.load+FST_COLD_MIX=on (the cold
-# mix beside the default) or read:direct-small.
+# loaders or patterns to the cold step, e.g. read:direct-small or
+# fst.load:io=pread (the former cold default beside the current one).
 COLD="fst.load,fastsafetensors,instanttensor,runai,safetensors,read:willneed${COLD_ALSO:+,$COLD_ALSO}"
 mkdir -p "$OUT" "$RES"
 export WORK

@@ -88,7 +88,6 @@ enum fsti_env {
 	FSTI_ENV_UNIFIED,         /* FST_UNIFIED */
 	FSTI_ENV_STAGING_PAGES,   /* FST_STAGING_PAGES */
 	FSTI_ENV_COLD_PROBE,      /* FST_COLD_PROBE */
-	FSTI_ENV_COLD_MIX,        /* FST_COLD_MIX */
 	FSTI_ENV_URING_PAGE_CACHE, /* FST_URING_PAGE_CACHE */
 	FSTI_ENV_CURL_LIBRARY,    /* FST_CURL_LIBRARY */
 	/* remote sources (net/): the AWS SDKs' own variables, and HOME */

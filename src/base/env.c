@@ -44,9 +44,6 @@ static const char *const names[FSTI_ENV_COUNT] = {
 	 * stretch with an optional :direct or :readahead kept whatever the
 	 * rates; at each load */
 	[FSTI_ENV_COLD_PROBE] = "FST_COLD_PROBE",
-	/* the cold mix of staged loads: off (default), on, or the number of
-	 * workers that read with O_DIRECT; at each load */
-	[FSTI_ENV_COLD_MIX] = "FST_COLD_MIX",
 	/* io_uring reads through the page cache instead of O_DIRECT: off
 	 * (default), random (the kernel's readahead off) or readahead; at
 	 * each load */

@@ -143,13 +143,11 @@ static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 	return 0;
 }
 
-/* A worker's readers: the load's, and under the cold probe or as one of
- * the cold mix's O_DIRECT workers the O_DIRECT one beside it (NULL state
- * without). */
+/* A worker's readers: the load's, and under the cold probe the O_DIRECT
+ * one beside it (NULL state without). */
 struct worker_readers {
 	void *state;
 	void *direct_state;
-	bool mix_direct; /* the mix: this worker reads the front with O_DIRECT */
 };
 
 /*
@@ -169,10 +167,7 @@ static int run_slots(struct fsti_engine *e, const struct worker_readers *wr, voi
 	size_t run = SIZE_MAX, held = SIZE_MAX;
 	for (;;) {
 		while (!rc && count < FSTI_SLOTS - 1 && !atomic_load(&e->stop)) {
-			size_t lo = 0, hi = 0;
-			size_t i = held != SIZE_MAX ? held
-				   : e->mix.on ? fsti_mix_take(e, wr->mix_direct, &lo, &hi)
-					       : take_chunk(e, &run);
+			size_t i = held != SIZE_MAX ? held : take_chunk(e, &run);
 			held = SIZE_MAX;
 			if (i >= e->plan.nc)
 				break;
@@ -185,11 +180,7 @@ static int run_slots(struct fsti_engine *e, const struct worker_readers *wr, voi
 				if (atomic_load(&e->stop))
 					break;
 			}
-			/* the mix reads ahead within the page cache's stretch */
-			if (!e->mix.on)
-				chunk_prefetch(e, i, run);
-			else if (!wr->mix_direct && e->ahead)
-				prefetch_ahead(e, i, lo, hi, e->ahead);
+			chunk_prefetch(e, i, run);
 			const struct fsti_chunk *c = &e->plan.c[i];
 			if (fsti_gds_wanted(e, c)) {
 				/* cuFile: synchronous, straight into the tensors */
@@ -205,8 +196,7 @@ static int run_slots(struct fsti_engine *e, const struct worker_readers *wr, voi
 				/* g == 1: this file now goes through staging */
 			}
 			int s = (head + count) % FSTI_SLOTS;
-			bool d = wr->direct_state &&
-				 (e->mix.on ? wr->mix_direct : fsti_probe_direct(e, i));
+			bool d = wr->direct_state && fsti_probe_direct(e, i);
 			const struct fsti_reader *rd = d ? &fsti_reader_uring : e->reader;
 			char *buf;
 			rc = e->sink->slot_buffer(e, sstate, s, &buf, err);
@@ -235,8 +225,6 @@ static int run_slots(struct fsti_engine *e, const struct worker_readers *wr, voi
 		}
 		if (!rc && e->probe.on)
 			fsti_probe_read_done(e, index[head]);
-		if (!rc && e->mix.on)
-			fsti_mix_count(e, direct[head], inflight[head]->len);
 		if (!rc && !atomic_load(&e->stop))
 			rc = e->sink->deliver(e, sstate, head, inflight[head], where, err);
 		inflight[head] = NULL;
@@ -258,16 +246,13 @@ static void *worker_main(void *arg)
 		e->reader->worker_fini(rstate);
 	} else if (!rc) {
 		wr.state = rstate;
-		if (e->probe.on || (e->mix.on && fsti_mix_role(e))) {
+		if (e->probe.on) {
 			/* without a ring of its own, this worker reads its O_DIRECT
-			 * share through the page cache: the probe is only advice, and
-			 * the mix has that way too */
+			 * share through the page cache: the probe is only advice */
 			fst_error uerr;
 			if (fsti_reader_uring.worker_init(&e->src, &wr.direct_state, &uerr))
-				fsti_log(FST_LOG_WARN, "%s: %s; a reader thread reads through "
-					 "the page cache instead",
-					 e->probe.on ? "cold probe" : "cold mix", uerr.message);
-			wr.mix_direct = e->mix.on && wr.direct_state;
+				fsti_log(FST_LOG_WARN, "cold probe: %s; a reader thread reads "
+					 "through the page cache instead", uerr.message);
 		}
 		if (!rc)
 			rc = e->sink->worker_init(e, &sstate, &err);
@@ -322,7 +307,6 @@ static void engine_free(struct fsti_engine *e)
 		return;
 	fsti_direct_fds_free(e->src.direct);
 	fsti_presence_leave(e->presence);
-	fsti_mix_free(e);
 	fsti_gds_teardown(e); /* before the buffer may go: it deregisters it */
 	if (e->sink && e->sink->load_fini)
 		e->sink->load_fini(e);
@@ -405,8 +389,7 @@ static int choose_io(struct fsti_engine *e, fst_error *err)
 		 * which reads straight into the destination and leaves the
 		 * model in the page cache. With readahead off, cold files go to
 		 * O_DIRECT wherever they are bound. FST_COLD_PROBE keeps the
-		 * readahead path for its probe to decide, FST_COLD_MIX for its
-		 * page-cache readers (O_DIRECT is its other way). */
+		 * readahead path for its probe to decide. */
 		double cached = e->cached = fsti_cached_fraction(e->ck);
 		if (cached >= 0)
 			snprintf(pct, sizeof pct, "%.0f%% of the data in the page cache",
@@ -416,8 +399,7 @@ static int choose_io(struct fsti_engine *e, fst_error *err)
 		bool cold = cached >= 0 && cached < 0.5;
 		bool staged = e->device_type != FST_DEVICE_CPU && !e->unified;
 		bool uring = cold && (e->opts.readahead_bytes == FST_READAHEAD_OFF ||
-				      (staged && !e->opts.readahead_bytes && !fsti_probe_asked() &&
-				       !fsti_mix_asked()));
+				      (staged && !e->opts.readahead_bytes && !fsti_probe_asked()));
 		if (uring && !fsti_uring_available()) {
 			uring = false;
 			snprintf(pct + strlen(pct), sizeof pct - strlen(pct), ", io_uring unavailable");
@@ -486,25 +468,20 @@ static void describe(struct fsti_engine *e)
 		memcpy(streams, ", streams of ", 14);
 		fsti_size_text(streams + 13, sizeof streams - 13, (uint64_t)e->run_chunks * e->opts.chunk_bytes);
 	}
-	char probe[160] = "";
+	char probe[120] = "";
 	if (e->probe.on) {
 		char stretch[32];
 		fsti_size_text(stretch, sizeof stretch, e->probe.stretch);
 		snprintf(probe, sizeof probe, ", the faster way kept after %s read each way", stretch);
-	} else if (e->mix.on) {
-		snprintf(probe, sizeof probe,
-			 ", both at once: %u thread%s read the front with O_DIRECT, the others "
-			 "the back through the page cache",
-			 e->mix.direct_workers, e->mix.direct_workers == 1 ? "" : "s");
 	}
 	/* the page-cache mode, where io_uring reads */
-	const char *cache = e->reader == &fsti_reader_uring || e->probe.on || e->mix.on
+	const char *cache = e->reader == &fsti_reader_uring || e->probe.on
 				    ? fsti_page_cache_text(e->page_cache)
 				    : "";
 	snprintf(e->describe, sizeof e->describe,
 		 "%s%s%s%s, %u thread%s, %s chunks%s%s%s: %s%s%s%s%s%s%s",
 		 fsti_gds_direct_count(e->gds) ? "cuFile where registered, else " : "", e->reader->name,
-		 e->probe.on || e->mix.on ? " or uring (O_DIRECT)" : "", how, e->nthreads,
+		 e->probe.on ? " or uring (O_DIRECT)" : "", how, e->nthreads,
 		 e->nthreads == 1 ? "" : "s", chunk, streams, ahead, probe, e->why,
 		 cache[0] ? "; " : "", cache, e->platform_why[0] ? "; " : "", e->platform_why,
 		 fsti_gds_why(e->gds)[0] ? "; " : "", fsti_gds_why(e->gds));
@@ -567,13 +544,8 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		e->opts.threads = FSTI_COLD_DIRECT_THREADS;
 	if (!rc && !pieces)
 		rc = fsti_gds_setup(e, err);
-	/* and in small requests, except where cuFile reads the chunks; so do
-	 * the cold mix's O_DIRECT readers (its page-cache readers take the
-	 * same chunks, read ahead in their stretch) */
-	bool mix_wanted = e->opts.io == FST_IO_AUTO && reads_ahead(e) && fsti_mix_asked() &&
-			  !fsti_probe_asked() && e->device_type != FST_DEVICE_CPU && !e->unified &&
-			  (!e->opts.stream_bytes || e->opts.stream_bytes == FST_STREAM_OFF);
-	if (!rc && (e->cold_direct || mix_wanted) && !fsti_gds_direct_count(e->gds) &&
+	/* and in small requests, except where cuFile reads the chunks */
+	if (!rc && e->cold_direct && !fsti_gds_direct_count(e->gds) &&
 	    (!opts || !opts->chunk_bytes))
 		e->opts.chunk_bytes = FSTI_COLD_DIRECT_CHUNK;
 	/* pread into host memory needs nothing in between; everything else
@@ -635,13 +607,10 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	/* With FST_COLD_PROBE, a staged load of cold files left to io=auto
 	 * measures its disk: O_DIRECT or readahead, whichever reads its first
 	 * stretch faster (off by default: docs/design.md, "Cold reads"). */
-	bool staged_ahead = e->opts.io == FST_IO_AUTO && e->ahead && e->sink && !e->run_chunks &&
-			    !fsti_gds_direct_count(e->gds);
 	if (!rc)
-		rc = fsti_probe_setup(e, staged_ahead, err);
-	/* With FST_COLD_MIX (and no probe), both ways at once. */
-	if (!rc)
-		rc = fsti_mix_setup(e, staged_ahead && !e->probe.on, err);
+		rc = fsti_probe_setup(e, e->opts.io == FST_IO_AUTO && e->ahead && e->sink &&
+						 !e->run_chunks && !fsti_gds_direct_count(e->gds),
+				      err);
 	if (!rc)
 		describe(e);
 	*rcp = rc;
@@ -948,17 +917,11 @@ int fst_loader_finish(fst_loader *ld, fst_buffer **out, fst_error *err)
 		if (e->opts.progress)
 			e->opts.progress(e->opts.progress_ctx, e->plan.total_bytes,
 					 e->plan.total_bytes);
-		char mix[200];
-		fsti_mix_note(e, mix, sizeof mix);
-		if (mix[0])
-			fsti_log(FST_LOG_INFO, "%s", mix);
-		const char *notes[] = {e->probe.note, mix};
-		for (size_t k = 0; k < 2; k++)
-			if (notes[k][0]) {
-				size_t n = strlen(e->buf->describe);
-				snprintf(e->buf->describe + n, sizeof e->buf->describe - n, "; %s",
-					 notes[k]);
-			}
+		if (e->probe.note[0]) {
+			size_t n = strlen(e->buf->describe);
+			snprintf(e->buf->describe + n, sizeof e->buf->describe - n, "; %s",
+				 e->probe.note);
+		}
 		uint64_t cached = fsti_direct_cached_bytes(e->src.direct);
 		if (cached && e->plan.total_bytes) {
 			size_t n = strlen(e->buf->describe);

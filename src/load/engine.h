@@ -122,20 +122,6 @@ struct fsti_probe {
 	char note[320];         /* the rates and the choice, for the description */
 };
 
-/* ---- the cold mix (cold_mix.c) */
-
-struct fsti_mix {
-	bool on;
-	unsigned direct_workers; /* workers that read the front with O_DIRECT */
-	size_t stretch;          /* chunks the page-cache readers claim at a time */
-	atomic_uint roles;       /* workers given their way so far */
-	/* The chunks nobody has taken: [front, back), and what is left of the
-	 * page-cache readers' stretch [cache_lo, cache_end) from cache_next. */
-	pthread_mutex_t lock;
-	size_t front, back, cache_lo, cache_next, cache_end;
-	atomic_uint_fast64_t bytes[2]; /* read through the page cache [0], with O_DIRECT [1] */
-};
-
 /* ---- engine (engine.c) */
 
 struct fsti_engine {
@@ -201,7 +187,6 @@ struct fsti_engine {
 	char *write_base;
 	char platform_why[400];
 	struct fsti_probe probe;
-	struct fsti_mix mix;
 };
 
 /* ---- GPUDirect Storage (gds.c) */
@@ -246,30 +231,6 @@ void fsti_probe_wait_open(struct fsti_engine *e, size_t i);
 /* Chunk i's read is starting, or has been read. */
 void fsti_probe_began(struct fsti_engine *e, size_t i);
 void fsti_probe_read_done(struct fsti_engine *e, size_t i);
-
-/* ---- the cold mix (cold_mix.c): a staged load of cold files read both
- * ways at once, O_DIRECT from the front of the plan and the page cache with
- * readahead from the back, so that the way the disk favours reads more. */
-
-/* Whether FST_COLD_MIX asks for the mix (set, and not "off"): io=auto then
- * reads cold files through the page cache, the mix's other way. */
-bool fsti_mix_asked(void);
-/* Turn the mix on where wanted (io=auto, cold, staged, no GDS, no streams,
- * no probe, two workers or more) and asked for; sets
- * e->src.direct_request_bytes. A bad FST_COLD_MIX is FST_EUSAGE. */
-int fsti_mix_setup(struct fsti_engine *e, bool wanted, fst_error *err);
-/* A starting worker's way: true for O_DIRECT from the front. */
-bool fsti_mix_role(struct fsti_engine *e);
-/* The next chunk for a worker of that way, plan.nc once none is left. A
- * page-cache reader's chunk lies in the stretch [*lo, *hi) of the plan,
- * which its readers take in order; an O_DIRECT reader with no front left
- * helps finish that stretch (*lo, *hi set alike). */
-size_t fsti_mix_take(struct fsti_engine *e, bool direct, size_t *lo, size_t *hi);
-/* bytes just read that way */
-void fsti_mix_count(struct fsti_engine *e, bool direct, uint64_t bytes);
-/* How the bytes split, for the description ("" when the mix is off). */
-void fsti_mix_note(struct fsti_engine *e, char *note, size_t size);
-void fsti_mix_free(struct fsti_engine *e);
 
 /* ---- unified memory (cuda_sink.c) */
 
