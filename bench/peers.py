@@ -484,7 +484,42 @@ def main():
             if peers and ours:
                 print(f"{mode} round {r + 1}, against the fastest peer ({peers[0][1]}): " +
                       ", ".join(f"{n} {x / peers[0][0]:.3f}x" for x, n in ours))
+    summarize(modes, nrounds, [n for n in loaders_shown if n not in PATTERNS], rate, pread)
     dump()
+
+
+def summarize(modes, nrounds, loaders, rate, pread):
+    """Over the rounds, each fst loader's standing: in how many rounds it was
+    ahead of every peer that ran, the range of its ratio to the round's
+    fastest peer, warm, to the round's pread limit, and for fst's other
+    loaders (the iterator), to fst.load in the same round. Rounds where it or
+    every peer has no figure are left out and the count says so."""
+    for mode in modes:
+        for n in (n for n in loaders if kind(n).startswith("fst.")):
+            vs_peer = []
+            for r in range(nrounds):
+                ours = rate(n, mode)[r]
+                peers = [x for x in (rate(p, mode)[r] for p in loaders
+                                     if not kind(p).startswith("fst.")) if x]
+                if ours and peers:
+                    vs_peer.append(ours / max(peers))
+            vs_pread = [x / b for x, b in zip(rate(n, mode), pread) if x and b] \
+                if mode == "warm" else []
+            parts = []
+            if vs_peer:
+                parts.append(f"ahead of every peer in {sum(v > 1 for v in vs_peer)} of "
+                             f"{len(vs_peer)} rounds, {min(vs_peer):.3f}-{max(vs_peer):.3f}x "
+                             "the fastest")
+            if vs_pread:
+                parts.append(f"{min(vs_pread):.3f}-{max(vs_pread):.3f}x the pread limit, "
+                             f">= 0.98x in {sum(v >= 0.98 for v in vs_pread)} of "
+                             f"{len(vs_pread)} rounds")
+            vs_load = [x / b for x, b in zip(rate(n, mode), rate("fst.load", mode))
+                       if x and b] if n != "fst.load" and "fst.load" in loaders else []
+            if vs_load:
+                parts.append(f"{min(vs_load):.3f}-{max(vs_load):.3f}x fst.load")
+            if parts:
+                print(f"{mode}, over the rounds: {n} " + "; ".join(parts))
 
 
 if __name__ == "__main__":
