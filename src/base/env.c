@@ -48,6 +48,9 @@ static const char *const names[FSTI_ENV_COUNT] = {
 	 * (default), random (the kernel's readahead off) or readahead; at
 	 * each load */
 	[FSTI_ENV_URING_PAGE_CACHE] = "FST_URING_PAGE_CACHE",
+	/* reads each worker of a staged load keeps in flight: 1, or 2 (the
+	 * default); at each load */
+	[FSTI_ENV_READS_IN_FLIGHT] = "FST_READS_IN_FLIGHT",
 	/* the libcurl to open instead of libcurl.so.4; read once (net/curl.c) */
 	[FSTI_ENV_CURL_LIBRARY] = "FST_CURL_LIBRARY",
 	/* The AWS SDKs' variables, read at each open of a remote checkpoint

@@ -151,8 +151,8 @@ struct worker_readers {
 };
 
 /*
- * Slot mode: up to FSTI_SLOTS - 1 reads in flight, the oldest delivered
- * first; the spare slot's bytes may still be in flight to the destination
+ * Slot mode: up to e->reads_in_flight reads (by default FSTI_SLOTS - 1) in
+ * flight, the oldest delivered first; the spare slot's bytes may still be in flight to the destination
  * (a GPU copy), and the sink waits for that copy before the slot is reused.
  * Under the cold probe a chunk whose stretch is not open yet is held until
  * this worker's reads are all delivered, then waited for.
@@ -166,7 +166,7 @@ static int run_slots(struct fsti_engine *e, const struct worker_readers *wr, voi
 	int head = 0, count = 0, rc = 0;
 	size_t run = SIZE_MAX, held = SIZE_MAX;
 	for (;;) {
-		while (!rc && count < FSTI_SLOTS - 1 && !atomic_load(&e->stop)) {
+		while (!rc && count < (int)e->reads_in_flight && !atomic_load(&e->stop)) {
 			size_t i = held != SIZE_MAX ? held : take_chunk(e, &run);
 			held = SIZE_MAX;
 			if (i >= e->plan.nc)
@@ -354,6 +354,22 @@ static int choose_remote(struct fsti_engine *e, const fst_load_opts *asked, fst_
 	return 0;
 }
 
+/* FST_READS_IN_FLIGHT: 1 (each worker waits for its read before the next,
+ * as fastsafetensors' threads do) or FSTI_SLOTS - 1 (the default) */
+static int reads_in_flight(unsigned *out, fst_error *err)
+{
+	const char *v = fsti_env(FSTI_ENV_READS_IN_FLIGHT);
+	*out = FSTI_SLOTS - 1;
+	if (!v || !*v)
+		return 0;
+	if (v[0] >= '1' && v[0] < '0' + FSTI_SLOTS && !v[1]) {
+		*out = (unsigned)(v[0] - '0');
+		return 0;
+	}
+	return fsti_err(err, FST_EUSAGE, "%s=\"%s\": expected 1 to %d",
+			fsti_env_name(FSTI_ENV_READS_IN_FLIGHT), v, FSTI_SLOTS - 1);
+}
+
 static int choose_io(struct fsti_engine *e, fst_error *err)
 {
 	char pct[256] = "";
@@ -468,6 +484,8 @@ static void describe(struct fsti_engine *e)
 		memcpy(streams, ", streams of ", 14);
 		fsti_size_text(streams + 13, sizeof streams - 13, (uint64_t)e->run_chunks * e->opts.chunk_bytes);
 	}
+	/* FST_READS_IN_FLIGHT other than the default, where slots are read */
+	const char *depth = e->sink && e->reads_in_flight == 1 ? ", one read in flight per thread" : "";
 	char probe[120] = "";
 	if (e->probe.on) {
 		char stretch[32];
@@ -479,10 +497,10 @@ static void describe(struct fsti_engine *e)
 				    ? fsti_page_cache_text(e->page_cache)
 				    : "";
 	snprintf(e->describe, sizeof e->describe,
-		 "%s%s%s%s, %u thread%s, %s chunks%s%s%s: %s%s%s%s%s%s%s",
+		 "%s%s%s%s, %u thread%s, %s chunks%s%s%s%s: %s%s%s%s%s%s%s",
 		 fsti_gds_direct_count(e->gds) ? "cuFile where registered, else " : "", e->reader->name,
 		 e->probe.on ? " or uring (O_DIRECT)" : "", how, e->nthreads,
-		 e->nthreads == 1 ? "" : "s", chunk, streams, ahead, probe, e->why,
+		 e->nthreads == 1 ? "" : "s", chunk, streams, depth, ahead, probe, e->why,
 		 cache[0] ? "; " : "", cache, e->platform_why[0] ? "; " : "", e->platform_why,
 		 fsti_gds_why(e->gds)[0] ? "; " : "", fsti_gds_why(e->gds));
 }
@@ -529,6 +547,8 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	}
 	if (!rc)
 		rc = fsti_page_cache_mode(&e->page_cache, err);
+	if (!rc)
+		rc = reads_in_flight(&e->reads_in_flight, err);
 	if (!rc)
 		rc = fsti_checkpoint_is_remote(ck) ? choose_remote(e, opts, err)
 						   : choose_io(e, err);

@@ -184,6 +184,9 @@ struct fsti_engine {
 	bool pieces_only;
 	/* FST_URING_PAGE_CACHE: io_uring's reads through the page cache */
 	enum fsti_page_cache page_cache;
+	/* FST_READS_IN_FLIGHT: reads a worker keeps in flight in slot mode,
+	 * 1 to FSTI_SLOTS - 1 */
+	unsigned reads_in_flight;
 	char *write_base;
 	char platform_why[400];
 	struct fsti_probe probe;

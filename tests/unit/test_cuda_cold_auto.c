@@ -7,7 +7,10 @@
  * files with O_DIRECT. FST_URING_PAGE_CACHE (random, readahead) makes
  * io_uring read through the page cache instead, which then holds the files,
  * as O_DIRECT's loads leave it without them; another value is a usage
- * error naming the variable. Every tensor of every load equals the file. */
+ * error naming the variable. FST_READS_IN_FLIGHT=1 (fastsafetensors'
+ * pattern with streams: each worker waits for its read) reads the same
+ * bytes and says so; a value other than 1 or 2 is a usage error. Every
+ * tensor of every load equals the file. */
 #include "cuda_helpers.h"
 #include "io.h" /* fsti_cached_fraction, fsti_presence_* */
 
@@ -32,6 +35,7 @@ static int group_teardown(void **state)
 	ch_close(&c);
 	unsetenv("FST_COLD_PROBE");
 	unsetenv("FST_URING_PAGE_CACHE");
+	unsetenv("FST_READS_IN_FLIGHT");
 	return ch_teardown(state);
 }
 
@@ -208,6 +212,44 @@ static void test_page_cache_modes(void **state)
 					    "random or readahead"));
 	unsetenv("FST_URING_PAGE_CACHE");
 	ch_assert_clean("bad FST_URING_PAGE_CACHE", c.host_base);
+}
+
+/* One read in flight per worker, in streams of their own (fastsafetensors'
+ * pattern); the default, 2, says nothing; another value is refused. */
+static void test_reads_in_flight(void **state)
+{
+	(void)state;
+	fst_load_opts o;
+	cold_auto_opts(&o);
+	o.chunk_bytes = 64 << 10;
+	o.stream_bytes = 256 << 10;
+	o.threads = 4;
+	setenv("FST_READS_IN_FLIGHT", "1", 1);
+	load_says(&o, true, "uring|4 threads|streams of 256 KiB, one read in flight per thread",
+		  "readahead", "one read in flight");
+	setenv("FST_READS_IN_FLIGHT", "2", 1);
+	load_says(&o, true, "uring|streams of 256 KiB", "in flight", "two reads in flight");
+	/* pread's direct reads into host memory have no slots: nothing said */
+	setenv("FST_READS_IN_FLIGHT", "1", 1);
+	fst_load_opts h = o;
+	h.device = "cpu";
+	h.io = FST_IO_PREAD;
+	load_says(&h, false, "pread", "in flight", "cpu, one read in flight");
+
+	const char *bad[] = {"0", "3", "12", "one", "-1"};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		setenv("FST_READS_IN_FLIGHT", bad[i], 1);
+		fst_error err;
+		fst_buffer *buf = NULL;
+		assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EUSAGE);
+		assert_null(buf);
+		char want[64];
+		snprintf(want, sizeof want, "FST_READS_IN_FLIGHT=\"%s\": expected 1 to 2", bad[i]);
+		if (!strstr(err.message, want))
+			fail_msg("\"%s\" lacks \"%s\"", err.message, want);
+		ch_assert_clean("bad FST_READS_IN_FLIGHT", c.host_base);
+	}
+	unsetenv("FST_READS_IN_FLIGHT");
 }
 
 /* Replicas: another load of the same files (here a presence lock this
@@ -387,6 +429,7 @@ int main(void)
 		cmocka_unit_test_setup(test_cold_staged_reads_direct, ch_reset),
 		cmocka_unit_test_setup(test_where_auto_keeps_pread, ch_reset),
 		cmocka_unit_test_setup(test_page_cache_modes, ch_reset),
+		cmocka_unit_test_setup(test_reads_in_flight, ch_reset),
 		cmocka_unit_test_setup(test_replica_at_start, ch_reset),
 		cmocka_unit_test_setup(test_replica_arrives, ch_reset),
 		cmocka_unit_test_setup(test_partly_cached, ch_reset),
