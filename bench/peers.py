@@ -128,9 +128,10 @@ def prepare(name, files, device):
 
 
 def fst_options(name):
-    """The load options of "fst.load:staging_bytes=268435456:io=pread"."""
+    """The load options of "fst.load:staging_bytes=268435456:io=pread" (an
+    environment variable after "+" is not one)."""
     opts = {}
-    for kv in name.split(":")[1:]:
+    for kv in name.split("+")[0].split(":")[1:]:
         k, _, v = kv.partition("=")
         opts[k] = int(v) if v.isdigit() else v
     return opts

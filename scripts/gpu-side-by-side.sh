@@ -46,7 +46,8 @@ WARM=${WARM:-fst.load,fst.iter_into_params,safetensors,fastsafetensors,instantte
 # every round of h200-2026-12-04-sbs and -04b, and below fst). COLD_ALSO adds
 # loaders or patterns to the cold step, e.g. read:direct-small or
 # fst.load:io=pread (the former cold default beside the current one).
-COLD="fst.load,fastsafetensors,instanttensor,runai,safetensors,read:willneed${COLD_ALSO:+,$COLD_ALSO}"
+# COLD= replaces the list (a sweep of patterns beside the peers that led).
+COLD="${COLD:-fst.load,fastsafetensors,instanttensor,runai,safetensors,read:willneed}${COLD_ALSO:+,$COLD_ALSO}"
 mkdir -p "$OUT" "$RES"
 export WORK
 
