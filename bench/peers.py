@@ -296,16 +296,10 @@ def run_child(a, name, env, checked):
         return {"seconds": time.perf_counter() - t0}
     cmd = [sys.executable, os.path.abspath(__file__), a.path, "--device", a.device,
            "--child", name] + (["--check", "child"] if checked else [])
-    if kind(name).startswith("fst.") and "FST_LOG" not in env:
-        env = dict(env, FST_LOG="info")  # fst says what its cold probe measured
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
-            res = json.loads(line[7:])
-            probe = [x for x in r.stderr.splitlines() if "cold probe: " in x]
-            if probe:
-                res["probe"] = probe[-1].split("cold probe: ", 1)[1]
-            return res
+            return json.loads(line[7:])
     return {"error": (r.stderr.strip().splitlines() or ["no result"])[-1][:300]}
 
 
@@ -428,11 +422,9 @@ def main():
                     if k in res:
                         info[name][k] = max(info[name].get(k, 0), res[k]) if k != "check" \
                             else res[k]
-                if "probe" in res:
-                    passes[-1]["probe"] = res["probe"]
                 print(f"round {r + 1} {mode} {name}: {res['seconds']:.3f} s "
-                      f"{nbytes / res['seconds'] / 1e9:.2f} GB/s (pass {passes[-1]['seconds']} s)"
-                      + (f"; {res['probe']}" if "probe" in res else ""), flush=True)
+                      f"{nbytes / res['seconds'] / 1e9:.2f} GB/s (pass {passes[-1]['seconds']} s)",
+                      flush=True)
                 dump()
 
     nrounds = len(lims)

@@ -3,7 +3,7 @@
  *
  * Each call reads the environment afresh; a caller that reads a variable
  * once per process keeps what it made of it (the log level, the fault
- * rules, the library it opened, the probe's findings). The tests rely on
+ * rules, the library it opened, the GDS probe's findings). The tests rely on
  * the others being read at every use: they change them between calls.
  */
 #include "base.h"
@@ -40,10 +40,6 @@ static const char *const names[FSTI_ENV_COUNT] = {
 	 * default), "lazy" (registered huge pages the driver faults in) or
 	 * "driver" (cuMemHostAlloc); for each new block */
 	[FSTI_ENV_STAGING_PAGES] = "FST_STAGING_PAGES",
-	/* the cold probe of staged loads: off (default), on, or BYTES per
-	 * stretch with an optional :direct or :readahead kept whatever the
-	 * rates; at each load */
-	[FSTI_ENV_COLD_PROBE] = "FST_COLD_PROBE",
 	/* io_uring reads through the page cache instead of O_DIRECT: off
 	 * (default), random (the kernel's readahead off) or readahead; at
 	 * each load */

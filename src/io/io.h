@@ -25,11 +25,6 @@ struct fsti_source {
 	/* nonzero once the load stops (an error, a cancel): readers that wait
 	 * on a network abort what is in flight */
 	const atomic_int *stop;
-	/* io_uring's O_DIRECT reads: requests of this many bytes (a multiple of
-	 * FSTI_DIRECT_ALIGN), one of a chunk in flight at a time, what some
-	 * disks reward (docs/design.md, "Cold reads"); 0: a few big requests
-	 * per chunk at once */
-	uint64_t direct_request_bytes;
 };
 
 /*

@@ -39,9 +39,6 @@ struct window {
 	uint64_t need;    /* bytes that must arrive (past it, end of file is fine) */
 	uint64_t eof_at;  /* first byte not read because the file ended */
 	unsigned pending; /* requests in flight */
-	/* serial windows (fsti_source.direct_request_bytes): requests of
-	 * step bytes, one in flight at a time, the next one from next */
-	uint64_t step, next;
 	int fd;
 	/* O_DIRECT windows: the file's own descriptor for a read O_DIRECT
 	 * refuses, and where to say so; -1 otherwise */
@@ -125,10 +122,9 @@ static void queue_piece(struct uring_worker *w, struct window *win, uint64_t at,
 	win->pending++;
 }
 
-/* Ask for [off, off + len) of fd into win->buf: a few big requests at once,
- * or with step, requests of step bytes one after another. */
+/* Ask for [off, off + len) of fd into win->buf: a few big requests at once. */
 static void window_start(struct uring_worker *w, struct window *win, int fd, uint64_t off,
-			 uint64_t len, uint64_t need, uint64_t step)
+			 uint64_t len, uint64_t need)
 {
 	uint64_t piece = FSTI_MAX((uint64_t)MIN_PIECE, (len / PIECES + DIRECT_ALIGN - 1) &
 							   ~(uint64_t)(DIRECT_ALIGN - 1));
@@ -140,12 +136,6 @@ static void window_start(struct uring_worker *w, struct window *win, int fd, uin
 	win->pending = 0;
 	win->rc = 0;
 	win->page_cache_fd = -1;
-	win->step = step;
-	if (step) {
-		win->next = FSTI_MIN(step, len);
-		queue_piece(w, win, 0, win->next);
-		return;
-	}
 	for (uint64_t at = 0; at < len; at += piece)
 		queue_piece(w, win, at, FSTI_MIN(piece, len - at));
 }
@@ -182,14 +172,8 @@ static void reap(struct uring_worker *w)
 			continue;
 		}
 		uint64_t end = r.at + (uint64_t)res;
-		if ((uint64_t)res == r.n) {
-			if (win->step && win->next < win->len) {
-				uint64_t n = FSTI_MIN(win->step, win->len - win->next);
-				queue_piece(w, win, win->next, n);
-				win->next += n;
-			}
+		if ((uint64_t)res == r.n)
 			continue;
-		}
 		if (res == 0 || end >= win->need)
 			win->eof_at = FSTI_MIN(win->eof_at, end); /* end of file */
 		else
@@ -248,12 +232,12 @@ static int uring_start(const struct fsti_source *src, void *state, int slot, uin
 		dfd = -1;
 	if (dfd < 0) {
 		/* buffered: the exact bytes at the start of the slot */
-		window_start(w, win, f->fd, off, len, len, 0);
+		window_start(w, win, f->fd, off, len, len);
 		win->where = buf;
 	} else {
 		uint64_t a0 = off & ~(uint64_t)(DIRECT_ALIGN - 1);
 		uint64_t a1 = (off + len + DIRECT_ALIGN - 1) & ~(uint64_t)(DIRECT_ALIGN - 1);
-		window_start(w, win, dfd, a0, a1 - a0, off + len - a0, src->direct_request_bytes);
+		window_start(w, win, dfd, a0, a1 - a0, off + len - a0);
 		win->page_cache_fd = f->fd;
 		win->direct = src->direct;
 		win->file = file;

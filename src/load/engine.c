@@ -90,20 +90,16 @@ static size_t take_chunk(struct fsti_engine *e, size_t *run)
 }
 
 /* Chunk i (of the worker's run) is about to be read: keep the readahead
- * window ahead of it, inside its stretch of the plan (the run, the probe's
- * stretch, or the whole plan). */
+ * window ahead of it, inside its stretch of the plan (the run, or the
+ * whole plan). */
 static void chunk_prefetch(struct fsti_engine *e, size_t i, size_t run)
 {
 	if (!e->ahead)
 		return;
 	size_t lo = 0, hi = e->plan.nc;
-	bool ahead = true;
-	if (e->probe.on)
-		fsti_probe_stretch(e, i, &lo, &hi, &ahead);
-	else if (run < e->nruns)
+	if (run < e->nruns)
 		lo = run * e->run_chunks, hi = run_end(e, run);
-	if (ahead)
-		prefetch_ahead(e, i, lo, hi, e->ahead);
+	prefetch_ahead(e, i, lo, hi, e->ahead);
 }
 
 /* Direct mode: pread straight into the destination, nothing in between. */
@@ -143,43 +139,22 @@ static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 	return 0;
 }
 
-/* A worker's readers: the load's, and under the cold probe the O_DIRECT
- * one beside it (NULL state without). */
-struct worker_readers {
-	void *state;
-	void *direct_state;
-};
-
 /*
  * Slot mode: up to e->reads_in_flight reads (by default FSTI_SLOTS - 1) in
- * flight, the oldest delivered first; the spare slot's bytes may still be in flight to the destination
- * (a GPU copy), and the sink waits for that copy before the slot is reused.
- * Under the cold probe a chunk whose stretch is not open yet is held until
- * this worker's reads are all delivered, then waited for.
+ * flight, the oldest delivered first; the spare slot's bytes may still be in
+ * flight to the destination (a GPU copy), and the sink waits for that copy
+ * before the slot is reused.
  */
-static int run_slots(struct fsti_engine *e, const struct worker_readers *wr, void *sstate,
-		     fst_error *err)
+static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_error *err)
 {
 	const struct fsti_chunk *inflight[FSTI_SLOTS] = {0};
-	size_t index[FSTI_SLOTS] = {0};
-	bool direct[FSTI_SLOTS] = {0};
 	int head = 0, count = 0, rc = 0;
-	size_t run = SIZE_MAX, held = SIZE_MAX;
+	size_t run = SIZE_MAX;
 	for (;;) {
 		while (!rc && count < (int)e->reads_in_flight && !atomic_load(&e->stop)) {
-			size_t i = held != SIZE_MAX ? held : take_chunk(e, &run);
-			held = SIZE_MAX;
+			size_t i = take_chunk(e, &run);
 			if (i >= e->plan.nc)
 				break;
-			if (e->probe.on && !fsti_probe_open(e, i)) {
-				if (count) {
-					held = i;
-					break;
-				}
-				fsti_probe_wait_open(e, i);
-				if (atomic_load(&e->stop))
-					break;
-			}
 			chunk_prefetch(e, i, run);
 			const struct fsti_chunk *c = &e->plan.c[i];
 			if (fsti_gds_wanted(e, c)) {
@@ -196,18 +171,12 @@ static int run_slots(struct fsti_engine *e, const struct worker_readers *wr, voi
 				/* g == 1: this file now goes through staging */
 			}
 			int s = (head + count) % FSTI_SLOTS;
-			bool d = wr->direct_state && fsti_probe_direct(e, i);
-			const struct fsti_reader *rd = d ? &fsti_reader_uring : e->reader;
 			char *buf;
 			rc = e->sink->slot_buffer(e, sstate, s, &buf, err);
-			if (e->probe.on)
-				fsti_probe_began(e, i);
 			if (!rc)
-				rc = rd->start(&e->src, d ? wr->direct_state : wr->state, s, c->file,
-					       c->file_off, c->len, buf, err);
+				rc = e->reader->start(&e->src, rstate, s, c->file, c->file_off, c->len,
+						      buf, err);
 			inflight[s] = c;
-			index[s] = i;
-			direct[s] = d;
 			count++;
 		}
 		if (!count)
@@ -216,15 +185,11 @@ static int run_slots(struct fsti_engine *e, const struct worker_readers *wr, voi
 		 * may still be writing into a slot when it is freed. */
 		const char *where;
 		fst_error werr;
-		const struct fsti_reader *rd = direct[head] ? &fsti_reader_uring : e->reader;
-		int wrc = rd->wait(&e->src, direct[head] ? wr->direct_state : wr->state, head, &where,
-				   &werr);
+		int wrc = e->reader->wait(&e->src, rstate, head, &where, &werr);
 		if (!rc && wrc) {
 			rc = wrc;
 			*err = werr;
 		}
-		if (!rc && e->probe.on)
-			fsti_probe_read_done(e, index[head]);
 		if (!rc && !atomic_load(&e->stop))
 			rc = e->sink->deliver(e, sstate, head, inflight[head], where, err);
 		inflight[head] = NULL;
@@ -239,25 +204,14 @@ static void *worker_main(void *arg)
 	fst_error err;
 	fsti_err_clear(&err);
 	void *rstate = NULL, *sstate = NULL;
-	struct worker_readers wr = {0};
 	int rc = e->reader->worker_init(&e->src, &rstate, &err);
 	if (!rc && !e->sink) {
 		rc = run_direct(e, rstate, &err);
 		e->reader->worker_fini(rstate);
 	} else if (!rc) {
-		wr.state = rstate;
-		if (e->probe.on) {
-			/* without a ring of its own, this worker reads its O_DIRECT
-			 * share through the page cache: the probe is only advice */
-			fst_error uerr;
-			if (fsti_reader_uring.worker_init(&e->src, &wr.direct_state, &uerr))
-				fsti_log(FST_LOG_WARN, "cold probe: %s; a reader thread reads "
-					 "through the page cache instead", uerr.message);
-		}
+		rc = e->sink->worker_init(e, &sstate, &err);
 		if (!rc)
-			rc = e->sink->worker_init(e, &sstate, &err);
-		if (!rc)
-			rc = run_slots(e, &wr, sstate, &err);
+			rc = run_slots(e, rstate, sstate, &err);
 		/* Wait for this worker's copies even after an error: nothing may
 		 * still be writing when the destination is released. */
 		fst_error derr;
@@ -267,8 +221,6 @@ static void *worker_main(void *arg)
 			err = derr;
 		}
 		e->reader->worker_fini(rstate);
-		if (wr.direct_state)
-			fsti_reader_uring.worker_fini(wr.direct_state);
 		e->sink->worker_fini(e, sstate);
 	}
 	if (rc)
@@ -404,8 +356,7 @@ static int choose_io(struct fsti_engine *e, fst_error *err)
 		 * host memory, or with readahead asked for: pread with readahead,
 		 * which reads straight into the destination and leaves the
 		 * model in the page cache. With readahead off, cold files go to
-		 * O_DIRECT wherever they are bound. FST_COLD_PROBE keeps the
-		 * readahead path for its probe to decide. */
+		 * O_DIRECT wherever they are bound. */
 		double cached = e->cached = fsti_cached_fraction(e->ck);
 		if (cached >= 0)
 			snprintf(pct, sizeof pct, "%.0f%% of the data in the page cache",
@@ -415,7 +366,7 @@ static int choose_io(struct fsti_engine *e, fst_error *err)
 		bool cold = cached >= 0 && cached < 0.5;
 		bool staged = e->device_type != FST_DEVICE_CPU && !e->unified;
 		bool uring = cold && (e->opts.readahead_bytes == FST_READAHEAD_OFF ||
-				      (staged && !e->opts.readahead_bytes && !fsti_probe_asked()));
+				      (staged && !e->opts.readahead_bytes));
 		if (uring && !fsti_uring_available()) {
 			uring = false;
 			snprintf(pct + strlen(pct), sizeof pct - strlen(pct), ", io_uring unavailable");
@@ -486,21 +437,12 @@ static void describe(struct fsti_engine *e)
 	}
 	/* FST_READS_IN_FLIGHT other than the default, where slots are read */
 	const char *depth = e->sink && e->reads_in_flight == 1 ? ", one read in flight per thread" : "";
-	char probe[120] = "";
-	if (e->probe.on) {
-		char stretch[32];
-		fsti_size_text(stretch, sizeof stretch, e->probe.stretch);
-		snprintf(probe, sizeof probe, ", the faster way kept after %s read each way", stretch);
-	}
 	/* the page-cache mode, where io_uring reads */
-	const char *cache = e->reader == &fsti_reader_uring || e->probe.on
-				    ? fsti_page_cache_text(e->page_cache)
-				    : "";
+	const char *cache = e->reader == &fsti_reader_uring ? fsti_page_cache_text(e->page_cache) : "";
 	snprintf(e->describe, sizeof e->describe,
-		 "%s%s%s%s, %u thread%s, %s chunks%s%s%s%s: %s%s%s%s%s%s%s",
+		 "%s%s%s, %u thread%s, %s chunks%s%s%s: %s%s%s%s%s%s%s",
 		 fsti_gds_direct_count(e->gds) ? "cuFile where registered, else " : "", e->reader->name,
-		 e->probe.on ? " or uring (O_DIRECT)" : "", how, e->nthreads,
-		 e->nthreads == 1 ? "" : "s", chunk, streams, depth, ahead, probe, e->why,
+		 how, e->nthreads, e->nthreads == 1 ? "" : "s", chunk, streams, depth, ahead, e->why,
 		 cache[0] ? "; " : "", cache, e->platform_why[0] ? "; " : "", e->platform_why,
 		 fsti_gds_why(e->gds)[0] ? "; " : "", fsti_gds_why(e->gds));
 }
@@ -624,13 +566,6 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		if (e->ahead)
 			e->ahead = FSTI_MAX(e->ahead / FSTI_MAX(e->nthreads, 1u), (size_t)1);
 	}
-	/* With FST_COLD_PROBE, a staged load of cold files left to io=auto
-	 * measures its disk: O_DIRECT or readahead, whichever reads its first
-	 * stretch faster (off by default: docs/design.md, "Cold reads"). */
-	if (!rc)
-		rc = fsti_probe_setup(e, e->opts.io == FST_IO_AUTO && e->ahead && e->sink &&
-						 !e->run_chunks && !fsti_gds_direct_count(e->gds),
-				      err);
 	if (!rc)
 		describe(e);
 	*rcp = rc;
@@ -937,11 +872,6 @@ int fst_loader_finish(fst_loader *ld, fst_buffer **out, fst_error *err)
 		if (e->opts.progress)
 			e->opts.progress(e->opts.progress_ctx, e->plan.total_bytes,
 					 e->plan.total_bytes);
-		if (e->probe.note[0]) {
-			size_t n = strlen(e->buf->describe);
-			snprintf(e->buf->describe + n, sizeof e->buf->describe - n, "; %s",
-				 e->probe.note);
-		}
 		uint64_t cached = fsti_direct_cached_bytes(e->src.direct);
 		if (cached && e->plan.total_bytes) {
 			size_t n = strlen(e->buf->describe);

@@ -104,24 +104,6 @@ struct fsti_sink {
 	void (*worker_fini)(struct fsti_engine *e, void *state);
 };
 
-/* ---- the cold probe (cold_probe.c) */
-
-enum { FSTI_PROBE_DIRECT, FSTI_PROBE_AHEAD, FSTI_PROBE_DECIDED };
-
-struct fsti_probe {
-	bool on;
-	int force;              /* -1, or the way FST_COLD_PROBE keeps */
-	uint64_t stretch;       /* bytes asked of each stretch */
-	size_t end[2];          /* chunks [0, end[0]) O_DIRECT, [end[0], end[1]) readahead */
-	uint64_t bytes[2];
-	atomic_size_t left[2];  /* chunks of each stretch not read yet */
-	atomic_uint_fast64_t t0_ns[2]; /* each stretch's first read (0: none yet) */
-	uint64_t t1_ns[2];      /* and its last read's end */
-	atomic_int phase;       /* the stretch being read, then FSTI_PROBE_DECIDED */
-	bool direct_won;        /* set before phase becomes FSTI_PROBE_DECIDED */
-	char note[320];         /* the rates and the choice, for the description */
-};
-
 /* ---- engine (engine.c) */
 
 struct fsti_engine {
@@ -189,7 +171,6 @@ struct fsti_engine {
 	unsigned reads_in_flight;
 	char *write_base;
 	char platform_why[400];
-	struct fsti_probe probe;
 };
 
 /* ---- GPUDirect Storage (gds.c) */
@@ -211,29 +192,6 @@ int fsti_gds_read(struct fsti_engine *e, const struct fsti_chunk *c, fst_error *
 bool fsti_gds_wanted(const struct fsti_engine *e, const struct fsti_chunk *c);
 void fsti_gds_teardown(struct fsti_engine *e);
 
-/* ---- the cold probe (cold_probe.c): decides between O_DIRECT and readahead
- * for a staged load of cold files by reading a stretch each way. */
-
-/* Turn the probe on where wanted (io=auto, cold, staged, no GDS, no
- * streams) and FST_COLD_PROBE, io_uring and the plan's size allow; sets
- * e->src.direct_request_bytes. A bad FST_COLD_PROBE is FST_EUSAGE. */
-int fsti_probe_setup(struct fsti_engine *e, bool wanted, fst_error *err);
-/* Whether FST_COLD_PROBE asks for the probe (set, and not "off"): io=auto
- * then reads cold files through the page cache for it to decide. */
-bool fsti_probe_asked(void);
-/* Chunk i is read with O_DIRECT (else through the page cache). Only once
- * chunk i's stretch is open. */
-bool fsti_probe_direct(const struct fsti_engine *e, size_t i);
-/* Chunk i's stretch [lo, hi) of the plan and whether it reads ahead. */
-void fsti_probe_stretch(const struct fsti_engine *e, size_t i, size_t *lo, size_t *hi,
-			bool *ahead);
-/* Whether chunk i may start: the stretches before its own have been read. */
-bool fsti_probe_open(struct fsti_engine *e, size_t i);
-/* Wait until chunk i may start, or the load stops. */
-void fsti_probe_wait_open(struct fsti_engine *e, size_t i);
-/* Chunk i's read is starting, or has been read. */
-void fsti_probe_began(struct fsti_engine *e, size_t i);
-void fsti_probe_read_done(struct fsti_engine *e, size_t i);
 
 /* ---- unified memory (cuda_sink.c) */
 

@@ -101,7 +101,7 @@ void ch_assert_buffer(const ch_ckpt *c, fst_buffer *buf, int device_id);
 /* Options for a load to device. */
 void ch_opts(fst_load_opts *o, const char *device, int io, unsigned threads, uint64_t staging);
 
-/* ---- loads of cold files (the cold probe's and the cold mix's tests) */
+/* ---- loads of cold files (test_cuda_cold_auto) */
 
 /* c loaded with o, whole (fst_load) or streamed (every view checked on
  * cuda:0 as it comes, then fst_loader_finish); the status, and the buffer

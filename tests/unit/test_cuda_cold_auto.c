@@ -2,15 +2,16 @@
  * A staged load of cold files reads them with O_DIRECT through io_uring in
  * 512 KiB chunks with 8 threads when the caller leaves those to fst, asks
  * for no readahead, and says so; a chunk size or thread count the caller
- * gives stands. Files in the page cache, readahead asked for, FST_COLD_PROBE
- * set and loads into host memory read with pread; readahead off reads cold
+ * gives stands. Files in the page cache, readahead asked for and loads
+ * into host memory read with pread; readahead off reads cold
  * files with O_DIRECT. FST_URING_PAGE_CACHE (random, readahead) makes
  * io_uring read through the page cache instead, which then holds the files,
  * as O_DIRECT's loads leave it without them; another value is a usage
  * error naming the variable. FST_READS_IN_FLIGHT=1 (fastsafetensors'
  * pattern with streams: each worker waits for its read) reads the same
- * bytes and says so; a value other than 1 or 2 is a usage error. Every
- * tensor of every load equals the file. */
+ * bytes, whole and streamed, and says so; a value other than 1 or 2 is a
+ * usage error; each read failing in turn fails the load cleanly; a load
+ * freed at once stops. Every tensor of every load equals the file. */
 #include "cuda_helpers.h"
 #include "io.h" /* fsti_cached_fraction, fsti_presence_* */
 
@@ -33,7 +34,6 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
 	ch_close(&c);
-	unsetenv("FST_COLD_PROBE");
 	unsetenv("FST_URING_PAGE_CACHE");
 	unsetenv("FST_READS_IN_FLIGHT");
 	return ch_teardown(state);
@@ -78,14 +78,13 @@ static long load_says(const fst_load_opts *o, bool evict, const char *want, cons
 	return asked;
 }
 
-/* io=auto onto cuda:0 with every other option left to fst, the probe and
- * the page-cache mode unset; skips where the files cannot be made cold or
+/* io=auto onto cuda:0 with every other option left to fst, the page-cache
+ * mode unset; skips where the files cannot be made cold or
  * io_uring is unavailable. */
 static void cold_auto_opts(fst_load_opts *o)
 {
 	if (!can_evict || !ch_uring_ok)
 		skip();
-	unsetenv("FST_COLD_PROBE");
 	unsetenv("FST_URING_PAGE_CACHE");
 	ch_opts(o, "cuda:0", FST_IO_AUTO, 0, 0);
 }
@@ -137,11 +136,6 @@ static void test_where_auto_keeps_pread(void **state)
 	if (load_says(&o, true, "pread|readahead 1 MiB", "O_DIRECT", "cold, readahead asked") < 1)
 		fail_msg("cold, readahead asked: no readahead requested");
 	o.readahead_bytes = 0;
-
-	/* the probe asked for decides between the two itself */
-	setenv("FST_COLD_PROBE", "on", 1);
-	load_says(&o, true, "pread|readahead", "O_DIRECT", "cold, FST_COLD_PROBE=on");
-	unsetenv("FST_COLD_PROBE");
 
 	/* into host memory: pread straight into the destination */
 	fst_load_opts h = o;
@@ -215,7 +209,9 @@ static void test_page_cache_modes(void **state)
 }
 
 /* One read in flight per worker, in streams of their own (fastsafetensors'
- * pattern); the default, 2, says nothing; another value is refused. */
+ * pattern): the same bytes, whole and streamed; the default, 2, says
+ * nothing; another value is refused; a failing read or submission fails
+ * the load cleanly; a load freed at once stops. */
 static void test_reads_in_flight(void **state)
 {
 	(void)state;
@@ -227,6 +223,18 @@ static void test_reads_in_flight(void **state)
 	setenv("FST_READS_IN_FLIGHT", "1", 1);
 	load_says(&o, true, "uring|4 threads|streams of 256 KiB, one read in flight per thread",
 		  "readahead", "one read in flight");
+	for (unsigned t = 1; t <= 16; t *= 4) {
+		o.threads = t;
+		lh_evict(c.ck);
+		fst_buffer *buf;
+		fst_error err;
+		if (ch_load_whole_or_streamed(&c, &o, true, &buf, &err))
+			fail_msg("streamed, %u threads: %s", t, err.message);
+		if (!strstr(fst_buffer_describe(buf), "one read in flight per thread"))
+			fail_msg("streamed: \"%s\"", fst_buffer_describe(buf));
+		fst_buffer_release(buf);
+		ch_assert_clean("streamed, one read in flight", c.host_base);
+	}
 	setenv("FST_READS_IN_FLIGHT", "2", 1);
 	load_says(&o, true, "uring|streams of 256 KiB", "in flight", "two reads in flight");
 	/* pread's direct reads into host memory have no slots: nothing said */
@@ -235,21 +243,17 @@ static void test_reads_in_flight(void **state)
 	h.device = "cpu";
 	h.io = FST_IO_PREAD;
 	load_says(&h, false, "pread", "in flight", "cpu, one read in flight");
-
-	const char *bad[] = {"0", "3", "12", "one", "-1"};
-	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-		setenv("FST_READS_IN_FLIGHT", bad[i], 1);
-		fst_error err;
-		fst_buffer *buf = NULL;
-		assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EUSAGE);
-		assert_null(buf);
-		char want[64];
-		snprintf(want, sizeof want, "FST_READS_IN_FLIGHT=\"%s\": expected 1 to 2", bad[i]);
-		if (!strstr(err.message, want))
-			fail_msg("\"%s\" lacks \"%s\"", err.message, want);
-		ch_assert_clean("bad FST_READS_IN_FLIGHT", c.host_base);
-	}
 	unsetenv("FST_READS_IN_FLIGHT");
+
+	const char *const bad[] = {"0", "3", "12", "one", "-1", " 1"};
+	ch_cold_bad_env(&c, "FST_READS_IN_FLIGHT", bad, sizeof bad / sizeof *bad);
+	/* every read of the load failing in turn (its ring's set-up failing is
+	 * no different with one read in flight: test_engine_faults) */
+	ch_cold_fault_loop(&c, "FST_READS_IN_FLIGHT", "1", 256 << 10, "uring_complete", FST_EIO,
+			   "one read in flight per thread");
+	const unsigned threads[] = {1, 4, 16};
+	ch_cold_freed_at_once(&c, "FST_READS_IN_FLIGHT", "1", 64 << 10, threads,
+			      sizeof threads / sizeof *threads);
 }
 
 /* Replicas: another load of the same files (here a presence lock this
