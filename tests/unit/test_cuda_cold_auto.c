@@ -210,7 +210,7 @@ static void test_page_cache_modes(void **state)
 
 /* One read in flight per worker, in streams of their own (fastsafetensors'
  * pattern): the same bytes, whole and streamed; the default, 2, says
- * nothing; another value is refused; a failing read or submission fails
+ * nothing; another value is refused; each read failing in turn fails
  * the load cleanly; a load freed at once stops. */
 static void test_reads_in_flight(void **state)
 {
