@@ -1,0 +1,120 @@
+"""bench/peers.py, the side-by-side of fst and the peer loaders, run end to
+end on the CPU with the peers this venv has (safetensors, fastsafetensors and
+InstantTensor come with vLLM): every loader that can load onto the CPU has its
+bytes checked against the files, one that cannot is reported with its own
+error, one that does not import is left out by name, and the JSON can be
+printed again. Its checker and its page toucher are tried on their own."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+st_torch = pytest.importorskip("safetensors.torch")
+pytest.importorskip("fst")
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PEERS = os.path.join(REPO, "bench", "peers.py")
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import peers  # noqa: E402
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    """Two shards, odd sizes and several dtypes: (folder, {name: tensor})."""
+    g = torch.Generator().manual_seed(7)
+    first = {"a.weight": torch.randn(37, 1001, generator=g),
+             "a.scale": torch.randn(7, 513, generator=g).to(torch.bfloat16),
+             "b.blocks": torch.randint(0, 256, (12345,), dtype=torch.uint8, generator=g)}
+    second = {"c.weight": torch.randn(300, 2049, generator=g).to(torch.float16),
+              "c.bias": torch.randn(3, generator=g), "d.empty": torch.zeros(0, 4)}
+    d = tmp_path / "ck"
+    d.mkdir()
+    st_torch.save_file(first, str(d / "model-00001-of-00002.safetensors"))
+    st_torch.save_file(second, str(d / "model-00002-of-00002.safetensors"))
+    return str(d), {**first, **second}
+
+
+def run_peers(*args):
+    return subprocess.run([sys.executable, PEERS, *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_side_by_side_on_the_cpu(ckpt, tmp_path):
+    path, _ = ckpt
+    out = tmp_path / "peers.json"
+    fst_bin = os.environ.get("FST_BIN", "build/fst")
+    wanted = ["fst.load", "fst.iter_tensors", "fst.iter_into_params", "safetensors",
+              "fastsafetensors", "instanttensor", "runai"]
+    r = run_peers(path, "--device", "cpu", "--rounds", "2", "--no-cold", "--fst-bin", fst_bin,
+                  "--only", ",".join(wanted), "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    # a peer that does not import (Run:ai's streamer is not in this venv) is
+    # left out by name, saying why
+    if "runai" not in doc["seconds"]:
+        assert "left out runai: ModuleNotFoundError" in r.stdout, r.stdout
+    assert doc["device"] == "cpu" and doc["modes"] == ["warm"]
+    assert doc["bytes"] == sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    # the limits of each round, measured by fst bench
+    assert len(doc["limits"]) == 2 and all(x["pread"] > 0 for x in doc["limits"])
+    for name in ("fst.load", "fst.iter_tensors", "fst.iter_into_params", "safetensors",
+                 "fastsafetensors"):
+        secs = doc["seconds"][name]["warm"]
+        assert len(secs) == 2 and all(s and s > 0 for s in secs), (name, secs, r.stdout)
+        assert doc["info"][name]["check"] == "bytes equal", (name, doc["info"][name])
+        assert f"| {name} |" in r.stdout
+    # InstantTensor loads onto CUDA devices only: its own error, no figure
+    it = doc["info"].get("instanttensor")
+    if it is not None:
+        assert it.get("errors") and "CUDA" in it["errors"][0], it
+        assert not any(doc["seconds"]["instanttensor"]["warm"])
+    assert "warm, over the rounds: fst.load " in r.stdout
+    assert "fst.iter_into_params" in r.stdout and "x fst.load" in r.stdout
+    # the finished run's tables again, from its JSON alone
+    again = run_peers(path, "--device", "cpu", "--rounds", "0", "--no-cold", "--append",
+                      "--fst-bin", fst_bin, "--only", "fst.load", "--json", str(out))
+    assert again.returncode == 0, again.stderr
+    table = [line for line in r.stdout.splitlines() if line.startswith("| fst.load |")]
+    assert table and table[0] in again.stdout.splitlines()
+    # --append refuses another device's file
+    other = run_peers(path, "--device", "cuda:0", "--rounds", "0", "--no-cold", "--append",
+                      "--fst-bin", fst_bin, "--only", "fst.load", "--json", str(out))
+    assert other.returncode != 0 and "another checkpoint, device or modes" in other.stderr
+
+
+def test_check_names_what_differs(ckpt):
+    path, tensors = ckpt
+    files = peers.files_of(path)
+    assert peers.check(dict(tensors), files) == "bytes equal"
+    flipped = dict(tensors)
+    t = flipped["c.weight"].clone()
+    t.view(torch.uint8).reshape(-1)[4097] ^= 1
+    flipped["c.weight"] = t
+    assert peers.check(flipped, files).endswith("c.weight: bytes differ")
+    missing = {k: v for k, v in tensors.items() if k != "a.scale"}
+    assert peers.check(missing, files).endswith("a.scale missing")
+    extra = dict(tensors, stray=torch.zeros(1))
+    assert peers.check(extra, files) == "1 tensors not in the files"
+
+
+def test_touch_pages_reads_every_page_of_every_tensor(ckpt):
+    _, tensors = ckpt
+    want = sum(int(np.frombuffer(t.contiguous().view(torch.uint8).numpy().tobytes(),
+                                 dtype=np.uint8)[::4096].sum())
+               for t in tensors.values() if t.numel())
+    assert want > 0
+    assert peers.touch_pages(tensors) == want
+
+
+@pytest.mark.parametrize("only, says", [
+    ("fst.load,no.such.loader", "no loader or read pattern 'no.such.loader'"),
+    ("safetensors:io=pread", "load options (after ':') are fst's only"),
+])
+def test_a_wrong_loader_name_is_refused_before_anything_runs(ckpt, only, says):
+    r = run_peers(ckpt[0], "--device", "cpu", "--no-cold", "--only", only)
+    assert r.returncode != 0 and says in r.stderr, r.stdout + r.stderr
+    assert "round 1" not in r.stdout
