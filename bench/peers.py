@@ -363,8 +363,8 @@ def main():
     if a.peer_site:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), a.peer_site]))
     wanted = a.only.split(",") if a.only else LOADERS
-    for name in wanted:
-        if name not in PATTERNS and kind(name) not in MODULES:
+    for name in (n for n in wanted if n not in PATTERNS):
+        if kind(name) not in MODULES:
             sys.exit(f"--only: no loader or read pattern {name!r}; they are: "
                      + ", ".join(LOADERS))
         if ":" in name.split("+")[0] and not kind(name).startswith("fst."):

@@ -113,8 +113,29 @@ def test_touch_pages_reads_every_page_of_every_tensor(ckpt):
 @pytest.mark.parametrize("only, says", [
     ("fst.load,no.such.loader", "no loader or read pattern 'no.such.loader'"),
     ("safetensors:io=pread", "load options (after ':') are fst's only"),
+    ("read:sideways", "no loader or read pattern 'read:sideways'"),
 ])
 def test_a_wrong_loader_name_is_refused_before_anything_runs(ckpt, only, says):
     r = run_peers(ckpt[0], "--device", "cpu", "--no-cold", "--only", only)
     assert r.returncode != 0 and says in r.stderr, r.stdout + r.stderr
     assert "round 1" not in r.stdout
+
+
+def test_cold_round_with_a_read_pattern(ckpt, tmp_path):
+    """Cold: the caches emptied before each pass (drop_caches as root, else
+    each file evicted), a read pattern beside the loaders, and each loader's
+    figure as a ratio to the round's best pattern."""
+    path, _ = ckpt
+    out = tmp_path / "cold.json"
+    r = run_peers(path, "--device", "cpu", "--rounds", "1", "--no-warm",
+                  "--only", "fst.load,safetensors,read:buffered", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["modes"] == ["cold"] and doc["evicted_by"] in ("drop_caches", "posix_fadvise")
+    for name in ("fst.load", "safetensors"):
+        assert doc["info"][name]["check"] == "bytes equal", doc["info"][name]
+        assert doc["seconds"][name]["cold"][0] > 0
+    assert doc["seconds"]["read:buffered"]["cold"][0] > 0
+    assert "check" not in doc["info"]["read:buffered"]  # a pattern loads nothing
+    row = next(line for line in r.stdout.splitlines() if line.startswith("| fst.load |"))
+    assert row.split("|")[6].strip() not in ("", "-"), row  # × best read
