@@ -28,6 +28,9 @@
 #           the page cache (FST_URING_PAGE_CACHE=random) and readahead
 #           (--readahead 1G), scrubbed by llama3-8b (bench/cold_cli.py, two
 #           alternating rounds)
+#   STEP=5  one cold round on both into host memory (--device cpu:
+#           peers-MODEL-cold-cpu.*), the loaders of COLD_CPU (run it once per
+#           round, as STEP=2); GPU_SUITE as in STEP=2
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
 # pass took 10-15 s there, a cold one about 25 s: bench/results/
 # h200-2026-12-02-sbs); a cold round is one peers.py run continued with
@@ -35,7 +38,7 @@
 # are checked in its first warm pass, fst's also in its first cold pass. Each
 # step copies what it touched to OUT (at most 8 files).
 set -uo pipefail
-STEP=${STEP:?STEP=1, 2 or 3}
+STEP=${STEP:?STEP=1, 2, 3, 4 or 5}
 OUT=${OUT:-/tmp/fst-sbs-out}
 WORK=${WORK:-/tmp/fst-cold-work}
 RES=$WORK/sbs # the runs' files, kept between steps
@@ -48,6 +51,8 @@ WARM=${WARM:-fst.load,fst.iter_into_params,safetensors,fastsafetensors,instantte
 # fst.load:io=pread (the former cold default beside the current one).
 # COLD= replaces the list (a sweep of patterns beside the peers that led).
 COLD="${COLD:-fst.load,fastsafetensors,instanttensor,runai,safetensors,read:willneed}${COLD_ALSO:+,$COLD_ALSO}"
+# into host memory: InstantTensor loads onto CUDA devices only
+COLD_CPU="${COLD_CPU:-fst.load,fastsafetensors,runai,safetensors,read:willneed}"
 mkdir -p "$OUT" "$RES"
 export WORK
 
@@ -59,8 +64,11 @@ peers() {
 	local args="--rounds 1 --append"
 	[ "$mode" = warm ] && args="--no-cold --rounds ${WARM_ROUNDS:-2} --only $WARM"
 	[ "$mode" = cold ] && args="--no-warm --check fst.load --only $COLD $args"
+	[ "$mode" = cold-cpu ] && args="--no-warm --check fst.load --only $COLD_CPU $args"
+	local device=cuda:0
+	[ "$mode" = cold-cpu ] && device=cpu
 	echo "$(date +%T) $m $mode $*" >>"$OUT/times.txt"
-	PEER_MODELS=$m SCRUB=other SWEEP=0 PEERS=1 TAG=$mode OUT=$RES PEER_ARGS="$args $*" \
+	DEVICE=$device PEER_MODELS=$m SCRUB=other SWEEP=0 PEERS=1 TAG=$mode OUT=$RES PEER_ARGS="$args $*" \
 		timeout "$limit" bash scripts/gpu-cold.sh >/dev/null 2>&1
 	cp "$RES/peers-$m-$mode.json" "$RES/peers-$m-$mode.txt" "$OUT/" 2>/dev/null
 }
@@ -87,7 +95,7 @@ case $STEP in
 		;;
 	esac
 	;;
-2 | 3)
+2 | 3 | 5)
 	# A machine given back since STEP=1 comes back bare: the wheel and the
 	# checkpoints again, before the timed parts (machine.txt says so)
 	if ! python3 -c 'import fst' 2>/dev/null; then
@@ -108,6 +116,10 @@ case $STEP in
 	if [ "$STEP" = 2 ]; then
 		peers gpt-oss-20b cold 260
 		peers llama3-8b cold 280
+	fi
+	if [ "$STEP" = 5 ]; then
+		peers gpt-oss-20b cold-cpu 260
+		peers llama3-8b cold-cpu 280
 	fi
 	if [ "$STEP" = 3 ] || [ "${ALSO_FIRST_LOAD:-0}" = 1 ]; then
 		# where a process's first load loses time against its later ones:
@@ -131,7 +143,7 @@ case $STEP in
 	done >"$OUT/replicas.txt" 2>&1
 	;;
 *)
-	echo "gpu-side-by-side: STEP=$STEP: 1, 2, 3 or 4" >&2
+	echo "gpu-side-by-side: STEP=$STEP: 1, 2, 3, 4 or 5" >&2
 	exit 2
 	;;
 esac
