@@ -470,7 +470,7 @@ typedef struct fst_load_opts {
 	uint64_t chunk_bytes;      /* bytes per read; 0 = default (docs/design.md;
 					cold files onto a GPU under FST_IO_AUTO:
 					512 KiB) */
-	uint64_t staging_bytes;    /* host staging budget; 0 = 64 MiB for page-cache
+	uint64_t staging_bytes;    /* host staging budget; 0 = 128 MiB for page-cache
 	                            * reads, 256 MiB for O_DIRECT */
 	uint32_t align;            /* alignment of every tensor; 0 = 256; power of two */
 	int pinned;                /* CPU target: page-lock the destination */

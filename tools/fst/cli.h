@@ -86,7 +86,7 @@ int cli_open_checkpoint(const char *path, fst_checkpoint **out, fst_error *err);
 	"  --threads N     reader threads (default: one per CPU, at most 16; cold\n"       \
 	"                  files read ahead: 16 at least; URLs: 16 connections)\n"         \
 	"  --chunk SIZE    bytes per read (default 16MiB; for URLs 8MiB per GET)\n"       \
-	"  --staging SIZE  host staging budget (default 64MiB cached, 256MiB O_DIRECT)\n" \
+	"  --staging SIZE  staging budget (default 128MiB cached, 256MiB O_DIRECT)\n"     \
 	"  --pinned        cpu: page-lock the destination\n"                             \
 	"  --gds POLICY    auto (default), on or off: GPUDirect Storage (docs/gds.md)\n"  \
 	"  --unified POLICY auto (default), on or off: one copy into mapped host memory\n" \
