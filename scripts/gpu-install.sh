@@ -28,6 +28,9 @@ fi
 	for f in nr_requests max_sectors_kb read_ahead_kb scheduler; do
 		echo "$f $(cat /sys/block/vda/queue/$f 2>/dev/null)"
 	done
+	# huge pages decide what faulting in a CPU load's destination costs
+	echo "transparent_hugepage $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
+	uname -r
 	nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.current \
 		--format=csv
 } >"$OUT/machine.txt" 2>&1
