@@ -61,12 +61,15 @@ export WORK
 peers() {
 	local m=$1 mode=$2 limit=$3
 	shift 3
-	local args="--rounds 1 --append"
-	[ "$mode" = warm ] && args="--no-cold --rounds ${WARM_ROUNDS:-2} --only $WARM"
-	[ "$mode" = cold ] && args="--no-warm --check fst.load --only $COLD $args"
-	[ "$mode" = cold-cpu ] && args="--no-warm --check fst.load --only $COLD_CPU $args"
-	local device=cuda:0
-	[ "$mode" = cold-cpu ] && device=cpu
+	local args device=cuda:0
+	case $mode in
+	warm) args="--no-cold --rounds ${WARM_ROUNDS:-2} --only $WARM" ;;
+	cold) args="--no-warm --check fst.load --only $COLD --rounds 1 --append" ;;
+	cold-cpu)
+		args="--no-warm --check fst.load --only $COLD_CPU --rounds 1 --append"
+		device=cpu
+		;;
+	esac
 	echo "$(date +%T) $m $mode $*" >>"$OUT/times.txt"
 	DEVICE=$device PEER_MODELS=$m SCRUB=other SWEEP=0 PEERS=1 TAG=$mode OUT=$RES PEER_ARGS="$args $*" \
 		timeout "$limit" bash scripts/gpu-cold.sh >/dev/null 2>&1
@@ -113,13 +116,11 @@ case $STEP in
 		echo "exit $?" >>"$OUT/gpu-suite.txt"
 		rm -rf "$WORK/gpu-suite"
 	fi
-	if [ "$STEP" = 2 ]; then
-		peers gpt-oss-20b cold 260
-		peers llama3-8b cold 280
-	fi
-	if [ "$STEP" = 5 ]; then
-		peers gpt-oss-20b cold-cpu 260
-		peers llama3-8b cold-cpu 280
+	if [ "$STEP" = 2 ] || [ "$STEP" = 5 ]; then
+		mode=cold
+		[ "$STEP" = 5 ] && mode=cold-cpu
+		peers gpt-oss-20b $mode 260
+		peers llama3-8b $mode 280
 	fi
 	if [ "$STEP" = 3 ] || [ "${ALSO_FIRST_LOAD:-0}" = 1 ]; then
 		# where a process's first load loses time against its later ones:
