@@ -465,8 +465,9 @@ typedef struct fst_load_opts {
 	int gds;                   /* enum fst_gds, default FST_GDS_AUTO; left at auto,
 	                            * FST_GDS=auto|on|off from the environment decides */
 	unsigned threads;          /* reader threads; 0 = one per CPU, at most 16
-					(cold files read ahead: 16 at least; cold
-					files onto a GPU under FST_IO_AUTO: 8) */
+					(page cache onto a GPU: at most 12; cold
+					files read ahead: 16 at least; cold files
+					onto a GPU under FST_IO_AUTO: 8) */
 	uint64_t chunk_bytes;      /* bytes per read; 0 = default (docs/design.md;
 					cold files onto a GPU under FST_IO_AUTO:
 					512 KiB) */

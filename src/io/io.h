@@ -64,6 +64,13 @@ struct fsti_source {
  * fastsafetensors keeps; 16 workers (32 requests) read 0.6-1.0x of 8 on
  * the H200's disk (docs/design.md, "Cold reads"). */
 #define FSTI_COLD_DIRECT_THREADS 8u
+/* Workers of a load from the page cache onto a GPU when the caller left
+ * the count to fst: one per CPU, at most 12. Their copies out of the page
+ * cache share the memory with the copy engine's reads of the staging: on
+ * 16 cores 12 workers loaded 1.004-1.090x as fast as 16 in all eight
+ * rounds on one H100 machine of the H200's host kind, 10 workers
+ * 1.025-1.057x in four (docs/design.md, "Past the copy limit"). */
+#define FSTI_CACHED_GPU_THREADS 12u
 /* Landing slots per worker: up to two reads in flight while the third
  * slot's bytes are still being copied out (to a GPU, asynchronously). */
 #define FSTI_SLOTS 3

@@ -514,6 +514,11 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	 * lands in per-worker slots first. */
 	bool host_dst = e->device_type == FST_DEVICE_CPU || e->unified;
 	bool direct = host_dst && e->reader && e->reader->exact_reads;
+	/* From the page cache onto a GPU, fewer workers than cores leave the
+	 * memory to the copy engine (io.h). A count the caller gave stands. */
+	if (!rc && !host_dst && e->reader == &fsti_reader_pread && !reads_ahead(e) &&
+	    !fsti_gds_direct_count(e->gds) && (!opts || !opts->threads))
+		e->opts.threads = FSTI_MIN(e->opts.threads, FSTI_CACHED_GPU_THREADS);
 	if (!rc && !direct && e->opts.io != FST_IO_MMAP) {
 		e->sink = host_dst ? &fsti_sink_host : &fsti_sink_cuda;
 		/* Landing slots of every thread fit the staging budget, by

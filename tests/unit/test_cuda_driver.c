@@ -2,10 +2,16 @@
  * double): fst_cuda_driver (version, device count, library path),
  * fst_cuda_device_info for each device and out of range, the host-to-device
  * bandwidth probe and its argument checks, fst_load_explain onto a device
- * (pread, io_uring, pinned staging; io=mmap refused), and the caller's
- * current context left as it was by loads to another device, copies back,
- * device queries and the last release. */
+ * (pread, io_uring, pinned staging; io=mmap refused), the default worker
+ * count from the page cache onto a GPU on 16 cores (at most 12), and the
+ * caller's current context left as it was by loads to another device,
+ * copies back, device queries and the last release. */
 #include "cuda_helpers.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
 
 static void test_driver_queries(void **state)
 {
@@ -85,6 +91,77 @@ static void test_explain(void **state)
 	ch_close(&c);
 }
 
+/* The child's checks, on a machine of 16 CPUs: 0, or the number of the
+ * one that failed. */
+static int explain_on_16_cpus(const ch_ckpt *c)
+{
+	if (sysconf(_SC_NPROCESSORS_ONLN) != 16)
+		return 10;
+	char text[512];
+	fst_error err;
+	fst_load_opts o;
+	ch_opts(&o, "cuda:1", FST_IO_AUTO, 0, 0);
+	o.chunk_bytes = 4096; /* more chunks than workers: the count is not cut */
+	/* from the page cache onto a GPU: 12 */
+	if (fst_load_explain(c->ck, &o, text, sizeof text, &err) || !strstr(text, "pread") ||
+	    !strstr(text, " 12 threads"))
+		return fprintf(stderr, "cuda:1, auto: %s %s\n", text, err.message), 1;
+	/* a count the caller gives stands */
+	o.threads = 14;
+	if (fst_load_explain(c->ck, &o, text, sizeof text, &err) || !strstr(text, " 14 threads"))
+		return fprintf(stderr, "cuda:1, 14 asked: %s %s\n", text, err.message), 2;
+	/* into host memory: one per CPU */
+	o.threads = 0;
+	o.device = "cpu";
+	if (fst_load_explain(c->ck, &o, text, sizeof text, &err) || !strstr(text, " 16 threads"))
+		return fprintf(stderr, "cpu, auto: %s %s\n", text, err.message), 3;
+	/* io_uring onto a GPU is not the page-cache copy */
+	if (ch_uring_ok) {
+		o.device = "cuda:1";
+		o.io = FST_IO_URING;
+		if (fst_load_explain(c->ck, &o, text, sizeof text, &err) ||
+		    !strstr(text, " 16 threads"))
+			return fprintf(stderr, "cuda:1, uring: %s %s\n", text, err.message), 4;
+	}
+	return 0;
+}
+
+/* From the page cache onto a GPU a load left to fst starts at most 12
+ * workers (FSTI_CACHED_GPU_THREADS): 16 on 16 cores loaded slower. The CPU
+ * count is sysfs's, seen through a mount namespace of the child's own. */
+static void test_workers_from_the_page_cache(void **state)
+{
+	(void)state;
+	if (geteuid() != 0)
+		skip(); /* it takes root to mount */
+	ch_ckpt c;
+	ch_write_random("workers", 73, &ch_small_gen, &c);
+	ch_open(&c, c.dir);
+	char online[sizeof c.dir + 16];
+	snprintf(online, sizeof online, "%s/online", c.dir);
+	int fd = open(online, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "0-15\n", 5), 5);
+	close(fd);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		if (unshare(CLONE_NEWNS) || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
+		    mount(online, "/sys/devices/system/cpu/online", NULL, MS_BIND, NULL))
+			_exit(77);
+		_exit(explain_on_16_cpus(&c));
+	}
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	unlink(online);
+	ch_close(&c);
+	assert_true(WIFEXITED(status));
+	if (WEXITSTATUS(status) == 77)
+		skip(); /* no mount namespace here */
+	if (WEXITSTATUS(status))
+		fail_msg("on 16 CPUs: check %d failed", WEXITSTATUS(status));
+}
+
 /* The caller's current context is its own: a load to another device, a
  * copy back, a device query or the last release must not leave the
  * caller's thread on another device's context (PyTorch reads the current
@@ -143,6 +220,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_driver_queries, ch_reset),
 		cmocka_unit_test_setup(test_explain, ch_reset),
+		cmocka_unit_test_setup(test_workers_from_the_page_cache, ch_reset),
 		cmocka_unit_test_setup(test_caller_context_kept, ch_reset),
 	};
 	return cmocka_run_group_tests(tests, ch_setup, ch_teardown);

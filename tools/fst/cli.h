@@ -83,8 +83,9 @@ int cli_open_checkpoint(const char *path, fst_checkpoint **out, fst_error *err);
 #define CLI_LOAD_OPTIONS_HELP                                                          \
 	"  --device DEV    cpu (default), cuda or cuda:N\n"                                \
 	"  --io METHOD     auto (default), pread, uring or mmap (cpu only)\n"              \
-	"  --threads N     reader threads (default: one per CPU, at most 16; cold\n"       \
-	"                  files read ahead: 16 at least; URLs: 16 connections)\n"         \
+	"  --threads N     reader threads (default: one per CPU, at most 16; cached\n"     \
+	"                  files onto a GPU: at most 12; cold files read ahead: 16 at\n"   \
+	"                  least; URLs: 16 connections)\n"                                \
 	"  --chunk SIZE    bytes per read (default 16MiB; for URLs 8MiB per GET)\n"       \
 	"  --staging SIZE  staging budget (default 128MiB cached, 256MiB O_DIRECT)\n"     \
 	"  --pinned        cpu: page-lock the destination\n"                             \
