@@ -94,20 +94,32 @@ def read_pattern(files, threads, req, direct, per_file):
     assert total[0] == sum(sizes), (total[0], sum(sizes))
 
 
-def read_ahead_pattern(files, threads, req, ahead):
+def read_ahead_pattern(files, threads, req, ahead, fresh=False):
     """Buffered preads of `req` bytes by `threads` threads from one queue in
     file order, each request taken asking the kernel (WILLNEED) for the one
-    `ahead` bytes later: what fst's readahead does."""
+    `ahead` bytes later: what fst's readahead does. Each thread reads into a
+    buffer of its own, reused; with fresh, every request into its own place
+    of one new mapping the size of the files (advised for huge pages), whose
+    pages the reads fault in, as fst's load into host memory does: returned,
+    so that the caller unmaps it after the clock."""
     fds = [os.open(p, os.O_RDONLY) for p in files]
     reqs = [(fd, off, min(req, os.fstat(fd).st_size - off)) for fd in fds
             for off in range(0, os.fstat(fd).st_size, req)]
+    dst = None
+    if fresh:
+        dst = mmap.mmap(-1, max(1, sum(r[2] for r in reqs)))
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            dst.madvise(mmap.MADV_HUGEPAGE)
+    at = [0]
+    for r in reqs[:-1]:
+        at.append(at[-1] + r[2])
     k = max(1, ahead // req)
     nxt = [0]
     lock = threading.Lock()
     total = [0]
 
     def worker():
-        buf = mmap.mmap(-1, req)
+        buf = dst if fresh else mmap.mmap(-1, req)
         mv = memoryview(buf)
         n = 0
         while True:
@@ -121,11 +133,13 @@ def read_ahead_pattern(files, threads, req, ahead):
                     fd, off, ln = reqs[j]
                     os.posix_fadvise(fd, off, ln, os.POSIX_FADV_WILLNEED)
             fd, off, ln = reqs[i]
-            n += os.preadv(fd, [mv[:ln]], off)
+            where = at[i] if fresh else 0
+            n += os.preadv(fd, [mv[where:where + ln]], off)
         with lock:
             total[0] += n
         mv.release()
-        buf.close()
+        if not fresh:
+            buf.close()
 
     ts = [threading.Thread(target=worker) for _ in range(threads)]
     for t in ts:
@@ -135,6 +149,7 @@ def read_ahead_pattern(files, threads, req, ahead):
     for fd in fds:
         os.close(fd)
     assert total[0] == sum(r[2] for r in reqs)
+    return dst
 
 
 def read_stream_pattern(files, threads, req, block, direct):

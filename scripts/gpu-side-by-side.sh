@@ -51,8 +51,9 @@ WARM=${WARM:-fst.load,fst.iter_into_params,safetensors,fastsafetensors,instantte
 # fst.load:io=pread (the former cold default beside the current one).
 # COLD= replaces the list (a sweep of patterns beside the peers that led).
 COLD="${COLD:-fst.load,fastsafetensors,instanttensor,runai,safetensors,read:willneed}${COLD_ALSO:+,$COLD_ALSO}"
-# into host memory: InstantTensor loads onto CUDA devices only
-COLD_CPU="${COLD_CPU:-fst.load,fastsafetensors,runai,safetensors,read:willneed}"
+# into host memory: InstantTensor loads onto CUDA devices only; the readahead
+# pattern into a reused buffer and into fresh memory (what the faults cost)
+COLD_CPU="${COLD_CPU:-fst.load,fastsafetensors,runai,safetensors,read:willneed,read:willneed-fresh}"
 mkdir -p "$OUT" "$RES"
 export WORK
 

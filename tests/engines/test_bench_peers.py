@@ -128,7 +128,8 @@ def test_cold_round_with_a_read_pattern(ckpt, tmp_path):
     path, _ = ckpt
     out = tmp_path / "cold.json"
     r = run_peers(path, "--device", "cpu", "--rounds", "1", "--no-warm",
-                  "--only", "fst.load,safetensors,read:buffered", "--json", str(out))
+                  "--only", "fst.load,safetensors,read:buffered,read:willneed-fresh", "--json",
+                  str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(out.read_text())
     assert doc["modes"] == ["cold"] and doc["evicted_by"] in ("drop_caches", "posix_fadvise")
@@ -136,6 +137,24 @@ def test_cold_round_with_a_read_pattern(ckpt, tmp_path):
         assert doc["info"][name]["check"] == "bytes equal", doc["info"][name]
         assert doc["seconds"][name]["cold"][0] > 0
     assert doc["seconds"]["read:buffered"]["cold"][0] > 0
+    assert doc["seconds"]["read:willneed-fresh"]["cold"][0] > 0
     assert "check" not in doc["info"]["read:buffered"]  # a pattern loads nothing
     row = next(line for line in r.stdout.splitlines() if line.startswith("| fst.load |"))
     assert row.split("|")[6].strip() not in ("", "-"), row  # × best read
+
+
+def test_read_ahead_pattern_into_fresh_memory(ckpt):
+    """read:willneed-fresh: every request lands in its own place of one new
+    mapping, so the mapping holds the files end to end; the reused-buffer
+    way returns nothing to unmap."""
+    import coldcache
+    path, _ = ckpt
+    files = peers.files_of(path)
+    whole = b"".join(open(f, "rb").read() for f in files)
+    dst = coldcache.read_ahead_pattern(files, 3, 8192, 4 * 8192, fresh=True)
+    try:
+        assert len(dst) == len(whole)
+        assert dst[:] == whole
+    finally:
+        dst.close()
+    assert coldcache.read_ahead_pattern(files, 3, 8192, 4 * 8192) is None
