@@ -40,16 +40,32 @@ def scrub_files(path):
     return [path]
 
 
-def read_pattern(files, threads, req, direct, per_file):
+def read_pattern(files, threads, req, direct, per_file, fresh=False):
     """Every byte of files with `threads` threads of `req`-byte preads into
     aligned buffers; per_file: threads split among the files, each group
-    reading its file in order; else one queue of requests in file order."""
+    reading its file in order; else one queue of requests in file order.
+    Each thread reads into a buffer of its own, reused; with fresh, every
+    request into its own place of one new mapping (each file from a
+    `req`-aligned place, huge pages advised), whose pages the reads fault
+    in: returned, with each file's place, for the caller to unmap after the
+    clock."""
     flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
     fds = [os.open(p, flags) for p in files]
     sizes = [os.fstat(fd).st_size for fd in fds]
     if not direct:
         for fd in fds:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    # where each file lands in the fresh mapping: whole requests each, so
+    # that every O_DIRECT read lands at an aligned place
+    bases = [0]
+    for size in sizes:
+        bases.append(bases[-1] + (size + req - 1) // req * req)
+    base_of = dict(zip(fds, bases))
+    dst = None
+    if fresh:
+        dst = mmap.mmap(-1, max(1, bases[-1]))
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            dst.madvise(mmap.MADV_HUGEPAGE)
     work = []
     if per_file:
         per = max(1, threads // len(files))
@@ -70,7 +86,7 @@ def read_pattern(files, threads, req, direct, per_file):
     lock = threading.Lock()
 
     def worker(q):
-        buf = mmap.mmap(-1, req)
+        buf = dst if fresh else mmap.mmap(-1, req)
         mv = memoryview(buf)
         n = 0
         while True:
@@ -78,11 +94,13 @@ def read_pattern(files, threads, req, direct, per_file):
                 fd, off = q.get_nowait()
             except queue.Empty:
                 break
-            n += os.preadv(fd, [mv], off)
+            where = base_of[fd] + off if fresh else 0
+            n += os.preadv(fd, [mv[where:where + req]], off)
         with lock:
             total[0] += n
         mv.release()
-        buf.close()
+        if not fresh:
+            buf.close()
 
     ts = [threading.Thread(target=worker, args=(q,)) for q in work]
     for t in ts:
@@ -92,6 +110,7 @@ def read_pattern(files, threads, req, direct, per_file):
     for fd in fds:
         os.close(fd)
     assert total[0] == sum(sizes), (total[0], sum(sizes))
+    return (dst, bases[:-1]) if fresh else None
 
 
 def read_ahead_pattern(files, threads, req, ahead, fresh=False):

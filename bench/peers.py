@@ -35,6 +35,9 @@ is also a ratio to it):
                                mapping the size of the files (huge pages advised): the
                                faults fst's load into host memory pays, without its plan
   read:direct-small            16 threads x 512 KiB preads with O_DIRECT, one queue
+  read:direct-small-fresh      the same, each into its own place of one new mapping the
+                               size of the files (huge pages advised): what the faults
+                               cost fst's O_DIRECT load into host memory
   read:direct-streams          16 threads, each reading a 256 MiB block in order with
                                512 KiB O_DIRECT preads, then the next block (fastsafetensors')
   read:buffered-streams        the same, buffered, 4 MiB preads
@@ -67,7 +70,7 @@ from coldcache import (make_cold, read_ahead_pattern, read_pattern, read_stream_
 LOADERS = ["fst.load", "fst.iter_tensors", "fst.iter_into_params", "safetensors",
            "fastsafetensors", "instanttensor", "instanttensor.buffered", "runai",
            "read:direct", "read:buffered", "read:willneed", "read:willneed-16m",
-           "read:willneed-fresh", "read:direct-small",
+           "read:willneed-fresh", "read:direct-small", "read:direct-small-fresh",
            "read:direct-streams", "read:buffered-streams"]
 MiB = 1 << 20
 PATTERNS = {"read:direct": lambda f: read_pattern(f, 16, 64 * MiB, True, False),
@@ -77,6 +80,8 @@ PATTERNS = {"read:direct": lambda f: read_pattern(f, 16, 64 * MiB, True, False),
             "read:willneed-fresh": lambda f: read_ahead_pattern(f, 16, 16 * MiB, 1 << 30,
                                                                 fresh=True),
             "read:direct-small": lambda f: read_pattern(f, 16, 512 << 10, True, False),
+            "read:direct-small-fresh": lambda f: read_pattern(f, 16, 512 << 10, True, False,
+                                                              fresh=True),
             "read:direct-streams": lambda f: read_stream_pattern(f, 16, 512 << 10, 256 * MiB,
                                                                  True),
             "read:buffered-streams": lambda f: read_stream_pattern(f, 16, 4 * MiB, 256 * MiB,
@@ -321,6 +326,8 @@ def run_child(a, name, env, checked):
         t0 = time.perf_counter()
         kept = PATTERNS[name](files)
         dt = time.perf_counter() - t0
+        if isinstance(kept, tuple):
+            kept = kept[0]
         if kept is not None:
             kept.close()  # unmapped after the clock, as a loader's memory is
         return {"seconds": dt}

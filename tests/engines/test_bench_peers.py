@@ -4,6 +4,7 @@ InstantTensor come with vLLM): every loader that can load onto the CPU has its
 bytes checked against the files, one that cannot is reported with its own
 error, one that does not import is left out by name, and the JSON can be
 printed again. Its checker and its page toucher are tried on their own."""
+import errno
 import json
 import os
 import subprocess
@@ -158,3 +159,31 @@ def test_read_ahead_pattern_into_fresh_memory(ckpt):
     finally:
         dst.close()
     assert coldcache.read_ahead_pattern(files, 3, 8192, 4 * 8192) is None
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_read_pattern_into_fresh_memory(ckpt, direct):
+    """read:direct-small-fresh: every request lands in its own place of one
+    new mapping, each file from a request-aligned place, so the mapping
+    holds every file whole at its place (with O_DIRECT where the file
+    system takes it)."""
+    import coldcache
+    path, _ = ckpt
+    files = peers.files_of(path)
+    req = 8192
+    try:
+        kept = coldcache.read_pattern(files, 3, req, direct, False, fresh=True)
+    except OSError as e:
+        if direct and e.errno == errno.EINVAL:
+            pytest.skip(f"no O_DIRECT on this file system: {e}")
+        raise
+    dst, bases = kept
+    try:
+        assert len(bases) == len(files)
+        for f, base in zip(files, bases):
+            want = open(f, "rb").read()
+            assert base % req == 0
+            assert dst[base:base + len(want)] == want, f
+    finally:
+        dst.close()
+    assert coldcache.read_pattern(files, 3, req, direct, False) is None
