@@ -307,19 +307,21 @@ static int choose_remote(struct fsti_engine *e, const fst_load_opts *asked, fst_
 }
 
 /* FST_READS_IN_FLIGHT: 1 (each worker waits for its read before the next,
- * as fastsafetensors' threads do) or FSTI_SLOTS - 1 (the default) */
+ * as fastsafetensors' threads do), FSTI_SLOTS - 1 (the default: the spare
+ * slot's bytes may still be on their way to a GPU) or FSTI_SLOTS (every
+ * slot reading; onto a GPU a read then waits for its slot's copy) */
 static int reads_in_flight(unsigned *out, fst_error *err)
 {
 	const char *v = fsti_env(FSTI_ENV_READS_IN_FLIGHT);
 	*out = FSTI_SLOTS - 1;
 	if (!v || !*v)
 		return 0;
-	if (v[0] >= '1' && v[0] < '0' + FSTI_SLOTS && !v[1]) {
+	if (v[0] >= '1' && v[0] <= '0' + FSTI_SLOTS && !v[1]) {
 		*out = (unsigned)(v[0] - '0');
 		return 0;
 	}
 	return fsti_err(err, FST_EUSAGE, "%s=\"%s\": expected 1 to %d",
-			fsti_env_name(FSTI_ENV_READS_IN_FLIGHT), v, FSTI_SLOTS - 1);
+			fsti_env_name(FSTI_ENV_READS_IN_FLIGHT), v, FSTI_SLOTS);
 }
 
 static int choose_io(struct fsti_engine *e, fst_error *err)
@@ -436,7 +438,10 @@ static void describe(struct fsti_engine *e)
 		fsti_size_text(streams + 13, sizeof streams - 13, (uint64_t)e->run_chunks * e->opts.chunk_bytes);
 	}
 	/* FST_READS_IN_FLIGHT other than the default, where slots are read */
-	const char *depth = e->sink && e->reads_in_flight == 1 ? ", one read in flight per thread" : "";
+	_Static_assert(FSTI_SLOTS == 3, "the description names three reads");
+	const char *depth = !e->sink || e->reads_in_flight == FSTI_SLOTS - 1 ? ""
+			    : e->reads_in_flight == 1 ? ", one read in flight per thread"
+						      : ", three reads in flight per thread";
 	/* the page-cache mode, where io_uring reads */
 	const char *cache = e->reader == &fsti_reader_uring ? fsti_page_cache_text(e->page_cache) : "";
 	snprintf(e->describe, sizeof e->describe,

@@ -167,7 +167,7 @@ struct fsti_engine {
 	/* FST_URING_PAGE_CACHE: io_uring's reads through the page cache */
 	enum fsti_page_cache page_cache;
 	/* FST_READS_IN_FLIGHT: reads a worker keeps in flight in slot mode,
-	 * 1 to FSTI_SLOTS - 1 */
+	 * 1 to FSTI_SLOTS */
 	unsigned reads_in_flight;
 	char *write_base;
 	char platform_why[400];

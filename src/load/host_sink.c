@@ -31,8 +31,16 @@ int fsti_alloc_host(struct fsti_engine *e, fst_error *err)
 	return 0;
 }
 
+/*
+ * A worker's landing slots: one mapping of huge pages (host_mem.c), faulted
+ * in here. An O_DIRECT read into 4 KiB pages hands the disk one segment per
+ * page (128 for a 512 KiB request), into a huge page one; the pinned
+ * staging of loads onto a GPU is huge pages too, and reads the same
+ * requests faster (docs/design.md, "Cold reads").
+ */
 struct host_worker {
-	char *slot[FSTI_SLOTS];
+	char *slots;
+	uint64_t map_len;
 };
 
 static int host_worker_init(struct fsti_engine *e, void **state, fst_error *err)
@@ -41,18 +49,20 @@ static int host_worker_init(struct fsti_engine *e, void **state, fst_error *err)
 	if (!w)
 		return fsti_err(err, FST_ENOMEM, "out of memory for landing slots");
 	*state = w;
-	for (int s = 0; s < FSTI_SLOTS; s++)
-		if (!(w->slot[s] = fsti_aligned_alloc(FSTI_DIRECT_ALIGN, (size_t)e->slot_bytes)))
-			return fsti_err(err, FST_ENOMEM, "out of memory for landing slots");
+	void *p;
+	int rc = fsti_host_alloc(FSTI_SLOTS * e->slot_bytes, false, &p, &w->map_len, err);
+	if (rc)
+		return rc;
+	w->slots = p;
+	fsti_host_populate(p, w->map_len, 1);
 	return 0;
 }
 
 static int host_slot_buffer(struct fsti_engine *e, void *state, int s, char **buf,
 			    fst_error *err)
 {
-	(void)e;
 	(void)err;
-	*buf = ((struct host_worker *)state)->slot[s];
+	*buf = ((struct host_worker *)state)->slots + (uint64_t)s * e->slot_bytes;
 	return 0;
 }
 
@@ -100,8 +110,7 @@ static void host_worker_fini(struct fsti_engine *e, void *state)
 	struct host_worker *w = state;
 	if (!w)
 		return;
-	for (int s = 0; s < FSTI_SLOTS; s++)
-		fsti_free(w->slot[s]);
+	fsti_host_free(w->slots, w->map_len);
 	fsti_free(w);
 }
 

@@ -223,18 +223,26 @@ static void test_reads_in_flight(void **state)
 	setenv("FST_READS_IN_FLIGHT", "1", 1);
 	load_says(&o, true, "uring|4 threads|streams of 256 KiB, one read in flight per thread",
 		  "readahead", "one read in flight");
-	for (unsigned t = 1; t <= 16; t *= 4) {
-		o.threads = t;
-		lh_evict(c.ck);
-		fst_buffer *buf;
-		fst_error err;
-		if (ch_load_whole_or_streamed(&c, &o, true, &buf, &err))
-			fail_msg("streamed, %u threads: %s", t, err.message);
-		if (!strstr(fst_buffer_describe(buf), "one read in flight per thread"))
-			fail_msg("streamed: \"%s\"", fst_buffer_describe(buf));
-		fst_buffer_release(buf);
-		ch_assert_clean("streamed, one read in flight", c.host_base);
+	/* 1 and every slot (3) read the same bytes, whole and streamed */
+	static const char *const depths[][2] = {{"1", "one read in flight per thread"},
+						{"3", "three reads in flight per thread"}};
+	for (size_t d = 0; d < sizeof depths / sizeof *depths; d++) {
+		setenv("FST_READS_IN_FLIGHT", depths[d][0], 1);
+		for (unsigned t = 1; t <= 16; t *= 4) {
+			o.threads = t;
+			lh_evict(c.ck);
+			fst_buffer *buf;
+			fst_error err;
+			if (ch_load_whole_or_streamed(&c, &o, true, &buf, &err))
+				fail_msg("streamed, %u threads, %s in flight: %s", t, depths[d][0],
+					 err.message);
+			if (!strstr(fst_buffer_describe(buf), depths[d][1]))
+				fail_msg("streamed: \"%s\"", fst_buffer_describe(buf));
+			fst_buffer_release(buf);
+			ch_assert_clean("streamed, reads in flight", c.host_base);
+		}
 	}
+	o.threads = 4;
 	setenv("FST_READS_IN_FLIGHT", "2", 1);
 	load_says(&o, true, "uring|streams of 256 KiB", "in flight", "two reads in flight");
 	/* pread's direct reads into host memory have no slots: nothing said */
@@ -245,7 +253,7 @@ static void test_reads_in_flight(void **state)
 	load_says(&h, false, "pread", "in flight", "cpu, one read in flight");
 	unsetenv("FST_READS_IN_FLIGHT");
 
-	const char *const bad[] = {"0", "3", "12", "one", "-1", " 1"};
+	const char *const bad[] = {"0", "4", "12", "one", "-1", " 1"};
 	ch_cold_bad_env(&c, "FST_READS_IN_FLIGHT", bad, sizeof bad / sizeof *bad);
 	/* every read of the load failing in turn (its ring's set-up failing is
 	 * no different with one read in flight: test_engine_faults) */
