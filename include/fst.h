@@ -416,10 +416,11 @@ FST_API int fst_writer_finish_memory(fst_writer *w, void *dst, uint64_t size,
 
 enum fst_io {
 	FST_IO_AUTO = 0,  /* pread when the files are in the page cache; cold files
-			   * onto a GPU: uring, 512 KiB chunks, 8 threads, except
-			   * where another fst load reads the same files (replicas):
-			   * then through the page cache, shared; into host memory:
-			   * pread with readahead */
+			   * onto a GPU or into host memory: uring, 512 KiB chunks,
+			   * 8 threads, except where another fst load reads the
+			   * same files (replicas): then through the page cache,
+			   * shared; into unified memory, or with readahead_bytes
+			   * set: pread with readahead */
 	FST_IO_PREAD = 1, /* a pool of threads calling pread */
 	FST_IO_URING = 2, /* io_uring with O_DIRECT (buffered where refused) */
 	FST_IO_MMAP = 3,  /* CPU only: views straight into read-only file mappings */
@@ -521,8 +522,8 @@ typedef struct fst_load_opts {
 	int unified;
 	/*
 	 * Cold files read through the page cache (io=pread, or io=auto where it
-	 * reads that way: into host memory, or onto a GPU when readahead_bytes
-	 * is set; on files mostly not in the page cache): how many
+	 * reads that way: when readahead_bytes is set, and into unified memory;
+	 * on files mostly not in the page cache): how many
 	 * bytes ahead of the readers the kernel is asked to fetch
 	 * (posix_fadvise WILLNEED), so storage sees deep queues without pinned
 	 * staging to match. 0 = default (1 GiB), FST_READAHEAD_OFF = never.

@@ -51,9 +51,9 @@ WARM=${WARM:-fst.load,fst.iter_into_params,safetensors,fastsafetensors,instantte
 # fst.load:io=pread (the former cold default beside the current one).
 # COLD= replaces the list (a sweep of patterns beside the peers that led).
 COLD="${COLD:-fst.load,fastsafetensors,instanttensor,runai,safetensors,read:willneed}${COLD_ALSO:+,$COLD_ALSO}"
-# into host memory: InstantTensor loads onto CUDA devices only; the readahead
-# pattern into a reused buffer and into fresh memory (what the faults cost)
-COLD_CPU="${COLD_CPU:-fst.load,fastsafetensors,runai,safetensors,read:willneed,read:willneed-fresh}"
+# into host memory: InstantTensor loads onto CUDA devices only; fst's former
+# default (readahead) beside its O_DIRECT one, and both patterns
+COLD_CPU="${COLD_CPU:-fst.load,fst.load:readahead_bytes=1073741824,fastsafetensors,runai,safetensors,read:willneed,read:direct-small}"
 mkdir -p "$OUT" "$RES"
 export WORK
 

@@ -351,14 +351,16 @@ static int choose_io(struct fsti_engine *e, fst_error *err)
 		return 0;
 	default: {
 		/* auto. Files mostly in the page cache: pread, one kernel copy,
-		 * in parallel. Files mostly not, onto a GPU (through staging):
-		 * O_DIRECT through io_uring in 512 KiB requests, the steadiest
-		 * and fastest pattern on the H200's disk, where readahead read
-		 * 0.8-0.9x of it (docs/design.md, "Cold reads"). Cold files into
-		 * host memory, or with readahead asked for: pread with readahead,
-		 * which reads straight into the destination and leaves the
-		 * model in the page cache. With readahead off, cold files go to
-		 * O_DIRECT wherever they are bound. */
+		 * in parallel. Files mostly not, onto a GPU or into host memory
+		 * (through landing slots of huge pages): O_DIRECT through
+		 * io_uring in 512 KiB requests, the steadiest and fastest pattern
+		 * on the H200's disk, where readahead read 0.8-0.9x of it; into
+		 * host memory 1.15-1.41x readahead and 1.23-1.42x Run:ai
+		 * (docs/design.md, "Cold reads"). With readahead asked for, and
+		 * into unified memory (not measured there): pread with
+		 * readahead, which leaves the model in the page cache. With
+		 * readahead off, cold files go to O_DIRECT wherever they are
+		 * bound. */
 		double cached = e->cached = fsti_cached_fraction(e->ck);
 		if (cached >= 0)
 			snprintf(pct, sizeof pct, "%.0f%% of the data in the page cache",
@@ -366,9 +368,8 @@ static int choose_io(struct fsti_engine *e, fst_error *err)
 		else
 			snprintf(pct, sizeof pct, "page-cache residency unknown");
 		bool cold = cached >= 0 && cached < 0.5;
-		bool staged = e->device_type != FST_DEVICE_CPU && !e->unified;
 		bool uring = cold && (e->opts.readahead_bytes == FST_READAHEAD_OFF ||
-				      (staged && !e->opts.readahead_bytes));
+				      (!e->unified && !e->opts.readahead_bytes));
 		if (uring && !fsti_uring_available()) {
 			uring = false;
 			snprintf(pct + strlen(pct), sizeof pct - strlen(pct), ", io_uring unavailable");

@@ -2,15 +2,16 @@
  * A staged load of cold files reads them with O_DIRECT through io_uring in
  * 512 KiB chunks with 8 threads when the caller leaves those to fst, asks
  * for no readahead, and says so; a chunk size or thread count the caller
- * gives stands. Files in the page cache, readahead asked for and loads
- * into host memory read with pread; readahead off reads cold
+ * gives stands; a load of cold files into host memory the same, through
+ * landing slots. Files in the page cache and readahead asked for (onto a
+ * GPU or into host memory) read with pread; readahead off reads cold
  * files with O_DIRECT. FST_URING_PAGE_CACHE (random, readahead) makes
  * io_uring read through the page cache instead, which then holds the files,
  * as O_DIRECT's loads leave it without them; another value is a usage
  * error naming the variable. FST_READS_IN_FLIGHT=1 (fastsafetensors'
  * pattern with streams: each worker waits for its read) reads the same
- * bytes, whole and streamed, and says so; a value other than 1 or 2 is a
- * usage error; each read failing in turn fails the load cleanly; a load
+ * bytes, whole and streamed, and says so, as does 3 (every slot reading);
+ * a value other than 1 to 3 is a usage error; each read failing in turn fails the load cleanly; a load
  * freed at once stops. Every tensor of every load equals the file. */
 #include "cuda_helpers.h"
 #include "io.h" /* fsti_cached_fraction, fsti_presence_* */
@@ -115,6 +116,14 @@ static void test_cold_staged_reads_direct(void **state)
 	o.readahead_bytes = FST_READAHEAD_OFF;
 	load_says(&o, true, "uring|cold files read with O_DIRECT", "readahead",
 		  "cold, readahead off");
+
+	/* into host memory the same, through landing slots */
+	fst_load_opts h;
+	cold_auto_opts(&h);
+	h.device = "cpu";
+	asked = load_says(&h, true, "uring|512 KiB chunks|cold files read with O_DIRECT",
+			  "readahead", "cold, cpu");
+	assert_int_equal(asked, 0);
 }
 
 static void test_where_auto_keeps_pread(void **state)
@@ -137,11 +146,13 @@ static void test_where_auto_keeps_pread(void **state)
 		fail_msg("cold, readahead asked: no readahead requested");
 	o.readahead_bytes = 0;
 
-	/* into host memory: pread straight into the destination */
+	/* into host memory with readahead asked for: pread straight into the
+	 * destination */
 	fst_load_opts h = o;
 	h.device = "cpu";
-	if (load_says(&h, true, "pread|readahead", "O_DIRECT", "cold, cpu") < 1)
-		fail_msg("cold, cpu: no readahead requested");
+	h.readahead_bytes = 1 << 20;
+	if (load_says(&h, true, "pread|readahead 1 MiB", "O_DIRECT", "cold, cpu, readahead") < 1)
+		fail_msg("cold, cpu, readahead asked: no readahead requested");
 }
 
 /* The share of the checkpoint in the page cache after a cold load with o
