@@ -135,8 +135,12 @@ void fsti_names_free(fsti_names *t);
 
 /* ---- host memory (host_mem.c) */
 
-/* Anonymous memory advised for huge pages, aligned to 2 MiB; optionally
- * page-locked. *map_len receives the length to pass to fsti_host_free. */
+/* The huge page transparent huge pages come in on x86-64 and most arm64
+ * kernels. */
+#define FSTI_HUGE_PAGE (2ull << 20)
+/* Anonymous memory advised for huge pages, aligned to 2 MiB, a whole
+ * number of huge pages long; optionally page-locked. *map_len receives the
+ * length to pass to fsti_host_free. */
 int fsti_host_alloc(uint64_t size, bool pinned, void **out, uint64_t *map_len, fst_error *err);
 void fsti_host_free(void *p, uint64_t map_len);
 /* Faults len bytes at p (from fsti_host_alloc, not yet touched) in, on up

@@ -14,8 +14,6 @@
 #include <pthread.h>
 #include <sys/mman.h>
 
-#define HUGE_PAGE (2ull << 20)
-
 int fsti_host_alloc(uint64_t size, bool pinned, void **out, uint64_t *map_len, fst_error *err)
 {
 	*out = NULL;
@@ -25,15 +23,15 @@ int fsti_host_alloc(uint64_t size, bool pinned, void **out, uint64_t *map_len, f
 	if (fsti_fault("host_alloc"))
 		return fsti_err(err, FST_ENOMEM, "cannot allocate %" PRIu64
 						 " bytes of host memory (injected fault)", size);
-	uint64_t len = (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-	uint64_t want = len + HUGE_PAGE;
+	uint64_t len = (size + FSTI_HUGE_PAGE - 1) & ~(FSTI_HUGE_PAGE - 1);
+	uint64_t want = len + FSTI_HUGE_PAGE;
 	char *p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
 		       -1, 0);
 	if (p == MAP_FAILED)
 		return fsti_err_sys(err, FST_ENOMEM, errno,
 				    "cannot allocate %" PRIu64 " bytes of host memory", size);
 	/* Trim to a 2 MiB-aligned window so huge pages can back all of it. */
-	uintptr_t a = ((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+	uintptr_t a = ((uintptr_t)p + FSTI_HUGE_PAGE - 1) & ~(uintptr_t)(FSTI_HUGE_PAGE - 1);
 	if (a > (uintptr_t)p)
 		munmap(p, a - (uintptr_t)p);
 	uint64_t tail = (uint64_t)((uintptr_t)p + want - (a + len));
@@ -85,12 +83,12 @@ static void *populate_slice(void *arg)
 void fsti_host_populate(void *p, uint64_t len, unsigned threads)
 {
 	enum { MAX_THREADS = 64 };
-	uint64_t slices = len / HUGE_PAGE;
+	uint64_t slices = len / FSTI_HUGE_PAGE;
 	unsigned want = FSTI_MAX(FSTI_MIN(threads, (unsigned)MAX_THREADS), 1u);
 	unsigned n = (unsigned)FSTI_MIN((uint64_t)want,
 					FSTI_MAX(slices, (uint64_t)1));
 	/* whole huge pages per slice, so no page is faulted by two threads */
-	uint64_t per = n > 1 ? (slices + n - 1) / n * HUGE_PAGE : len;
+	uint64_t per = n > 1 ? (slices + n - 1) / n * FSTI_HUGE_PAGE : len;
 	struct populate_slice s[MAX_THREADS];
 	pthread_t t[MAX_THREADS];
 	bool started[MAX_THREADS] = {false};

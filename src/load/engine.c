@@ -533,6 +533,16 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 			e->opts.staging_bytes = reads_ahead(e) ? FSTI_STAGING_COLD
 							       : e->reader->default_staging;
 		uint64_t per_slot = e->opts.staging_bytes / ((uint64_t)e->opts.threads * FSTI_SLOTS);
+		/* Host slots are one mapping of huge pages per worker (host_sink.c):
+		 * a whole number of them within each worker's share, where the
+		 * share holds one, slot margins included. */
+		if (host_dst) {
+			uint64_t share = e->opts.staging_bytes / e->opts.threads;
+			if (share >= FSTI_HUGE_PAGE)
+				share &= ~(FSTI_HUGE_PAGE - 1);
+			per_slot = share / FSTI_SLOTS;
+			per_slot -= FSTI_MIN(per_slot, 2 * FSTI_DIRECT_ALIGN);
+		}
 		uint64_t chunk = FSTI_MIN(e->opts.chunk_bytes, per_slot);
 		chunk &= ~(uint64_t)(FSTI_DIRECT_ALIGN - 1);
 		e->opts.chunk_bytes = FSTI_MAX(chunk, (uint64_t)FSTI_DIRECT_ALIGN);

@@ -35,12 +35,13 @@ int fsti_alloc_host(struct fsti_engine *e, fst_error *err)
  * A worker's landing slots: one mapping of huge pages (host_mem.c), faulted
  * in here. An O_DIRECT read into 4 KiB pages hands the disk one segment per
  * page (128 for a 512 KiB request), into a huge page one; the pinned
- * staging of loads onto a GPU is huge pages too, and reads the same
- * requests faster (docs/design.md, "Cold reads").
+ * staging of loads onto a GPU is huge pages too, and read the same requests
+ * faster (docs/design.md, "Cold reads"). Where whole huge pages for every
+ * worker would not fit the staging budget, an exact block of small pages.
  */
 struct host_worker {
 	char *slots;
-	uint64_t map_len;
+	uint64_t map_len; /* 0: from fsti_aligned_alloc */
 };
 
 static int host_worker_init(struct fsti_engine *e, void **state, fst_error *err)
@@ -49,12 +50,19 @@ static int host_worker_init(struct fsti_engine *e, void **state, fst_error *err)
 	if (!w)
 		return fsti_err(err, FST_ENOMEM, "out of memory for landing slots");
 	*state = w;
-	void *p;
-	int rc = fsti_host_alloc(FSTI_SLOTS * e->slot_bytes, false, &p, &w->map_len, err);
-	if (rc)
-		return rc;
-	w->slots = p;
-	fsti_host_populate(p, w->map_len, 1);
+	uint64_t len = FSTI_SLOTS * e->slot_bytes;
+	uint64_t whole = (len + FSTI_HUGE_PAGE - 1) & ~(FSTI_HUGE_PAGE - 1);
+	if (whole * e->nthreads <= e->opts.staging_bytes) {
+		void *p;
+		int rc = fsti_host_alloc(len, false, &p, &w->map_len, err);
+		if (rc)
+			return rc;
+		w->slots = p;
+		fsti_host_populate(p, w->map_len, 1);
+		return 0;
+	}
+	if (!(w->slots = fsti_aligned_alloc(FSTI_DIRECT_ALIGN, (size_t)len)))
+		return fsti_err(err, FST_ENOMEM, "out of memory for landing slots");
 	return 0;
 }
 
@@ -110,7 +118,10 @@ static void host_worker_fini(struct fsti_engine *e, void *state)
 	struct host_worker *w = state;
 	if (!w)
 		return;
-	fsti_host_free(w->slots, w->map_len);
+	if (w->map_len)
+		fsti_host_free(w->slots, w->map_len);
+	else
+		fsti_free(w->slots);
 	fsti_free(w);
 }
 
