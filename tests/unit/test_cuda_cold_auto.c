@@ -296,6 +296,14 @@ static void test_replica_at_start(void **state)
 	if (r < 0.9)
 		fail_msg("another load: %.0f%% of the files in the page cache after the load",
 			 r * 100);
+	/* into host memory the same */
+	fst_load_opts h = o;
+	h.device = "cpu";
+	r = cached_after(&h, NULL, "pread|readahead|another load is reading these files",
+			 "O_DIRECT", "cpu, another load at the start");
+	if (r < 0.9)
+		fail_msg("cpu, another load: %.0f%% of the files in the page cache after the load",
+			 r * 100);
 
 	fst_load_opts off = o;
 	off.readahead_bytes = FST_READAHEAD_OFF;
