@@ -40,11 +40,29 @@ def scrub_files(path):
     return [path]
 
 
-def read_pattern(files, threads, req, direct, per_file, fresh=False):
+def huge_buffer(size):
+    """A buffer of `size` bytes at a 2 MiB boundary of a mapping advised for
+    huge pages and faulted in: (the mapping, a memoryview of the buffer).
+    An O_DIRECT read into it is one segment per huge page, as into fst's
+    landing slots, where a buffer of 4 KiB pages is one per page."""
+    import ctypes
+    huge = 2 * MiB
+    m = mmap.mmap(-1, size + huge)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        m.madvise(mmap.MADV_HUGEPAGE)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    at = -addr % huge
+    for off in range(0, len(m), 4096):
+        m[off] = 0
+    return m, memoryview(m)[at:at + size]
+
+
+def read_pattern(files, threads, req, direct, per_file, fresh=False, huge=False):
     """Every byte of files with `threads` threads of `req`-byte preads into
     aligned buffers; per_file: threads split among the files, each group
     reading its file in order; else one queue of requests in file order.
-    Each thread reads into a buffer of its own, reused; with fresh, every
+    Each thread reads into a buffer of its own, reused (with huge, one of
+    huge pages: huge_buffer); with fresh, every
     request into its own place of one new mapping (each file from a
     `req`-aligned place, huge pages advised), whose pages the reads fault
     in: returned, with each file's place, for the caller to unmap after the
@@ -86,8 +104,11 @@ def read_pattern(files, threads, req, direct, per_file, fresh=False):
     lock = threading.Lock()
 
     def worker(q):
-        buf = dst if fresh else mmap.mmap(-1, req)
-        mv = memoryview(buf)
+        if huge and not fresh:
+            buf, mv = huge_buffer(req)
+        else:
+            buf = dst if fresh else mmap.mmap(-1, req)
+            mv = memoryview(buf)
         n = 0
         while True:
             try:

@@ -35,6 +35,8 @@ is also a ratio to it):
                                mapping the size of the files (huge pages advised): the
                                faults fst's load into host memory pays, without its plan
   read:direct-small            16 threads x 512 KiB preads with O_DIRECT, one queue
+  read:direct-small-huge       the same, each thread's buffer of huge pages (as fst's
+                               landing slots are)
   read:direct-small-fresh      the same, each into its own place of one new mapping the
                                size of the files (huge pages advised): what the faults
                                cost fst's O_DIRECT load into host memory
@@ -70,7 +72,7 @@ from coldcache import (make_cold, read_ahead_pattern, read_pattern, read_stream_
 LOADERS = ["fst.load", "fst.iter_tensors", "fst.iter_into_params", "safetensors",
            "fastsafetensors", "instanttensor", "instanttensor.buffered", "runai",
            "read:direct", "read:buffered", "read:willneed", "read:willneed-16m",
-           "read:willneed-fresh", "read:direct-small", "read:direct-small-fresh",
+           "read:willneed-fresh", "read:direct-small", "read:direct-small-huge", "read:direct-small-fresh",
            "read:direct-streams", "read:buffered-streams"]
 MiB = 1 << 20
 PATTERNS = {"read:direct": lambda f: read_pattern(f, 16, 64 * MiB, True, False),
@@ -80,6 +82,8 @@ PATTERNS = {"read:direct": lambda f: read_pattern(f, 16, 64 * MiB, True, False),
             "read:willneed-fresh": lambda f: read_ahead_pattern(f, 16, 16 * MiB, 1 << 30,
                                                                 fresh=True),
             "read:direct-small": lambda f: read_pattern(f, 16, 512 << 10, True, False),
+            "read:direct-small-huge": lambda f: read_pattern(f, 16, 512 << 10, True, False,
+                                                             huge=True),
             "read:direct-small-fresh": lambda f: read_pattern(f, 16, 512 << 10, True, False,
                                                               fresh=True),
             "read:direct-streams": lambda f: read_stream_pattern(f, 16, 512 << 10, 256 * MiB,

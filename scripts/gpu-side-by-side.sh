@@ -52,8 +52,9 @@ WARM=${WARM:-fst.load,fst.iter_into_params,safetensors,fastsafetensors,instantte
 # COLD= replaces the list (a sweep of patterns beside the peers that led).
 COLD="${COLD:-fst.load,fastsafetensors,instanttensor,runai,safetensors,read:willneed}${COLD_ALSO:+,$COLD_ALSO}"
 # into host memory: InstantTensor loads onto CUDA devices only; fst's former
-# default (readahead) beside its O_DIRECT one, and both patterns
-COLD_CPU="${COLD_CPU:-fst.load,fst.load:readahead_bytes=1073741824,fastsafetensors,runai,safetensors,read:willneed,read:direct-small}"
+# default (readahead) beside its O_DIRECT one, and both patterns (O_DIRECT
+# into buffers of huge pages, as fst's landing slots are)
+COLD_CPU="${COLD_CPU:-fst.load,fst.load:readahead_bytes=1073741824,fastsafetensors,runai,safetensors,read:willneed,read:direct-small-huge}"
 mkdir -p "$OUT" "$RES"
 export WORK
 

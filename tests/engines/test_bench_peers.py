@@ -187,3 +187,24 @@ def test_read_pattern_into_fresh_memory(ckpt, direct):
     finally:
         dst.close()
     assert coldcache.read_pattern(files, 3, req, direct, False) is None
+
+
+def test_huge_buffer_and_read_pattern_into_it(ckpt):
+    """read:direct-small-huge: each thread's buffer starts at a 2 MiB boundary
+    and holds the request; the pattern reads every byte through it (its own
+    count checks) and, reusing it, returns nothing."""
+    import ctypes
+    import coldcache
+    m, mv = coldcache.huge_buffer(3 * 8192)
+    try:
+        assert len(mv) == 3 * 8192
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(mv))
+        assert addr % (2 << 20) == 0
+        mv[:5] = b"bytes"
+        assert bytes(mv[:5]) == b"bytes"
+    finally:
+        mv.release()
+        m.close()
+    path, _ = ckpt
+    files = peers.files_of(path)
+    assert coldcache.read_pattern(files, 3, 8192, False, False, huge=True) is None
