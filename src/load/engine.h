@@ -76,7 +76,7 @@ extern const struct fsti_sink fsti_sink_cuda;
 /* release_memory of device buffers (cuMemFree or the caller's allocator). */
 void fsti_cuda_release_device_buffer(struct fst_buffer *b);
 
-/* ---- sinks: where chunks go (engine.c has the host sink) */
+/* ---- sinks: where chunks go (host_sink.c, cuda_sink.c) */
 
 struct fsti_sink {
 	const char *name;
