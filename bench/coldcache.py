@@ -40,6 +40,15 @@ def scrub_files(path):
     return [path]
 
 
+def advised_mapping(size):
+    """A new anonymous mapping of `size` bytes (at least 1), advised for huge
+    pages where the kernel has them; not touched."""
+    m = mmap.mmap(-1, max(1, size))
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        m.madvise(mmap.MADV_HUGEPAGE)
+    return m
+
+
 def huge_buffer(size):
     """A buffer of `size` bytes at a 2 MiB boundary of a mapping advised for
     huge pages and faulted in: (the mapping, a memoryview of the buffer).
@@ -47,9 +56,7 @@ def huge_buffer(size):
     landing slots, where a buffer of 4 KiB pages is one per page."""
     import ctypes
     huge = 2 * MiB
-    m = mmap.mmap(-1, size + huge)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        m.madvise(mmap.MADV_HUGEPAGE)
+    m = advised_mapping(size + huge)
     addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
     at = -addr % huge
     for off in range(0, len(m), 4096):
@@ -81,9 +88,7 @@ def read_pattern(files, threads, req, direct, per_file, fresh=False, huge=False)
     base_of = dict(zip(fds, bases))
     dst = None
     if fresh:
-        dst = mmap.mmap(-1, max(1, bases[-1]))
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            dst.madvise(mmap.MADV_HUGEPAGE)
+        dst = advised_mapping(bases[-1])
     work = []
     if per_file:
         per = max(1, threads // len(files))
@@ -147,9 +152,7 @@ def read_ahead_pattern(files, threads, req, ahead, fresh=False):
             for off in range(0, os.fstat(fd).st_size, req)]
     dst = None
     if fresh:
-        dst = mmap.mmap(-1, max(1, sum(r[2] for r in reqs)))
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            dst.madvise(mmap.MADV_HUGEPAGE)
+        dst = advised_mapping(sum(r[2] for r in reqs))
     at = [0]
     for r in reqs[:-1]:
         at.append(at[-1] + r[2])
