@@ -50,6 +50,11 @@ Onto the CPU, every loader's clock also covers reading one byte of each 4 KiB pa
 of its tensors: a loader that returns views of a file mapping (safetensors) reads
 the file only then.
 
+The warm limits are measured twice a round, before its first warm pass and after its
+last, and each ratio is to their mean: a machine whose copies drift within a round shows
+it in the line of limits (start -> end) and in the spread printed below the table. Runs
+before 2026-12-06e measured them once, at the start of each round.
+
 Each loader's modules are imported before its clock starts, as an engine
 imports its loader at start-up (the pread limit has no import either); the
 import's own time is reported beside the table. Runs before 2026-12-04c
@@ -315,6 +320,13 @@ def limits(fst_bin, path, device):
             "pinned_copy": rows.get("pinned host-to-device copy limit")}
 
 
+def limit_of(lim, key):
+    """A round's limit: the mean of its passes at the start and the end of the
+    round's warm passes (the start alone in runs that measured only there)."""
+    vals = [v for v in (lim.get(key), lim.get(key + "_end")) if v]
+    return sum(vals) / len(vals) if vals else None
+
+
 def importable(name, env):
     if name in PATTERNS:
         return True, ""
@@ -473,6 +485,15 @@ def main():
                       f"{nbytes / res['seconds'] / 1e9:.2f} GB/s (pass {passes[-1]['seconds']} s)",
                       flush=True)
                 dump()
+            if mode == "warm" and lim and "error" not in lim:
+                # again after the round's last warm pass (before any cold one
+                # empties the page cache): how far the machine moved meanwhile
+                end = limits(fst_bin, a.path, a.device)
+                for k in ("pread", "pinned_copy"):
+                    if end.get(k):
+                        lim[k + "_end"] = end[k]
+                print(f"round {r + 1} limits at the end: {end}", flush=True)
+                dump()
 
     nrounds = len(lims)
     for n in results:
@@ -490,8 +511,8 @@ def main():
 
     # each round's limits: the warm ones by fst bench, the cold one the
     # fastest read pattern of that round
-    pread = [x.get("pread") for x in lims]
-    copy = [x.get("pinned_copy") for x in lims]
+    pread = [limit_of(x, "pread") for x in lims]
+    copy = [limit_of(x, "pinned_copy") for x in lims]
     pats = [n for n in loaders_shown if n in PATTERNS]
     best_read = [max([x for x in (rate(p, "cold")[r] for p in pats) if x] or [None])
                  for r in range(nrounds)] if "cold" in modes else []
@@ -499,6 +520,9 @@ def main():
           f"{nrounds} rounds; cold by {evict or '-'}")
     print(f"limits (rounds): pread {listed(pread)} GB/s, pinned copy {listed(copy)} GB/s; "
           f"best read pattern cold {listed(best_read)} GB/s")
+    drift = limits_drift(lims)
+    if drift:
+        print(drift)
     print("| loader | warm GB/s (rounds) | × pread | × pinned copy | cold GB/s (rounds) | "
           "× best read | peak RSS | device bytes | bytes |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -526,6 +550,21 @@ def main():
                       ", ".join(f"{n} {x / peers[0][0]:.3f}x" for x, n in ours))
     summarize(modes, nrounds, [n for n in loaders_shown if n not in PATTERNS], rate, pread)
     dump()
+
+
+def limits_drift(lims):
+    """Each round's warm limits at its start and its end, and how far they moved
+    within the rounds (end / start): the spread a ratio to them carries."""
+    parts = []
+    for k, label in (("pread", "pread"), ("pinned_copy", "pinned copy")):
+        pairs = [(x.get(k), x.get(k + "_end")) for x in lims]
+        moved = [e / s for s, e in pairs if s and e]
+        if not moved:
+            continue
+        ends = ", ".join(f"{s:.2f}->{e:.2f}" if s and e else "-" for s, e in pairs)
+        parts.append(f"{label} {ends} GB/s (end / start {min(moved):.3f}-{max(moved):.3f}x)")
+    return "limits at the start and the end of each round's warm passes: " + \
+        "; ".join(parts) if parts else ""
 
 
 def summarize(modes, nrounds, loaders, rate, pread):

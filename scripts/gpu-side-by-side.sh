@@ -9,7 +9,8 @@
 #           rounds each); with MODEL=gpt-oss-20b or MODEL=llama3-8b, warm on
 #           that one only, in a call of its own (where a warm pass takes
 #           longer than 15 s, both do not fit one call: run STEP=1 once per
-#           model)
+#           model; each warm round also runs `fst bench` twice, for the
+#           limits at its start and its end)
 #   STEP=2  one more cold round on both (run it once per round: each round
 #           after the first runs the loaders in the other round's order
 #           reversed), then, with ALSO_FIRST_LOAD=1, step 3; on a bare

@@ -60,8 +60,11 @@ def test_side_by_side_on_the_cpu(ckpt, tmp_path):
         assert "left out runai: ModuleNotFoundError" in r.stdout, r.stdout
     assert doc["device"] == "cpu" and doc["modes"] == ["warm"]
     assert doc["bytes"] == sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-    # the limits of each round, measured by fst bench
-    assert len(doc["limits"]) == 2 and all(x["pread"] > 0 for x in doc["limits"])
+    # the limits of each round, measured by fst bench before its first warm
+    # pass and after its last
+    assert len(doc["limits"]) == 2 and all(x["pread"] > 0 and x["pread_end"] > 0
+                                           for x in doc["limits"]), doc["limits"]
+    assert "limits at the start and the end of each round's warm passes: pread " in r.stdout
     for name in ("fst.load", "fst.iter_tensors", "fst.iter_into_params", "safetensors",
                  "fastsafetensors"):
         secs = doc["seconds"][name]["warm"]
@@ -85,6 +88,19 @@ def test_side_by_side_on_the_cpu(ckpt, tmp_path):
     other = run_peers(path, "--device", "cuda:0", "--rounds", "0", "--no-cold", "--append",
                       "--fst-bin", fst_bin, "--only", "fst.load", "--json", str(out))
     assert other.returncode != 0 and "another checkpoint, device or modes" in other.stderr
+
+
+def test_a_rounds_limit_is_the_mean_of_its_two_ends():
+    assert peers.limit_of({"pread": 40.0, "pread_end": 50.0}, "pread") == 45.0
+    # runs that measured only at the start, or where one pass failed
+    assert peers.limit_of({"pread": 40.0}, "pread") == 40.0
+    assert peers.limit_of({"pread_end": 50.0}, "pread") == 50.0
+    assert peers.limit_of({}, "pread") is None
+    drift = peers.limits_drift([{"pread": 40.0, "pread_end": 50.0, "pinned_copy": 54.0},
+                                {"pread": 50.0, "pread_end": 45.0, "pinned_copy": 54.0}])
+    assert "pread 40.00->50.00, 50.00->45.00 GB/s (end / start 0.900-1.250x)" in drift, drift
+    assert "pinned copy" not in drift  # no end measured for it
+    assert peers.limits_drift([{"pread": 40.0}]) == ""
 
 
 def test_check_names_what_differs(ckpt):
