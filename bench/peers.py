@@ -50,6 +50,10 @@ Onto the CPU, every loader's clock also covers reading one byte of each 4 KiB pa
 of its tensors: a loader that returns views of a file mapping (safetensors) reads
 the file only then.
 
+Below the table, the share of all CPUs' time the hypervisor took (/proc/stat's steal)
+during each round's timed loads: on a virtual machine whose host runs other guests, a
+round where that is not near zero says why its figures moved.
+
 The warm limits are measured twice a round, before its first warm pass and after its
 last, and each ratio is to their mean: a machine whose copies drift within a round shows
 it in the line of limits (start -> end) and in the spread printed below the table. Runs
@@ -258,6 +262,30 @@ def check(tensors, files):
     return "bytes equal"
 
 
+def cpu_ticks():
+    """All CPUs' time so far from /proc/stat, in clock ticks: (total, stolen),
+    stolen being the time the hypervisor ran something else while this
+    machine's CPUs had work; None where /proc/stat does not say."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal
+    ticks = [int(x) for x in fields[1:9]]
+    return sum(ticks), ticks[7]
+
+
+def stolen_share(before, after):
+    """The share of the CPUs' time between two cpu_ticks() samples that the
+    hypervisor took, or None."""
+    if not before or not after or after[0] <= before[0]:
+        return None
+    return (after[1] - before[1]) / (after[0] - before[0])
+
+
 def child(a):
     # "LOADER+NAME=VALUE": the loader with one more environment variable,
     # set before anything is imported (e.g. fst.load+FST_STAGING_PAGES=driver)
@@ -281,6 +309,7 @@ def child(a):
     if cuda:
         torch.cuda.synchronize()
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    ticks0 = cpu_ticks()
     t0 = time.perf_counter()
     got = load_with(name, a.path, files, a.device, params)
     keep = None
@@ -291,7 +320,8 @@ def child(a):
     else:
         touch_pages(got)
     dt = time.perf_counter() - t0
-    out = {"seconds": dt, "import_seconds": t_import,
+    steal = stolen_share(ticks0, cpu_ticks())
+    out = {"seconds": dt, "import_seconds": t_import, "steal": steal,
            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
            "rss_before_bytes": rss0 * 1024}
     if cuda:
@@ -339,14 +369,16 @@ def importable(name, env):
 def run_child(a, name, env, checked):
     if name in PATTERNS:
         files = files_of(a.path)
+        ticks0 = cpu_ticks()
         t0 = time.perf_counter()
         kept = PATTERNS[name](files)
         dt = time.perf_counter() - t0
+        steal = stolen_share(ticks0, cpu_ticks())
         if isinstance(kept, tuple):
             kept = kept[0]
         if kept is not None:
             kept.close()  # unmapped after the clock, as a loader's memory is
-        return {"seconds": dt}
+        return {"seconds": dt, "steal": steal}
     cmd = [sys.executable, os.path.abspath(__file__), a.path, "--device", a.device,
            "--child", name] + (["--check", "child"] if checked else [])
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -470,7 +502,8 @@ def main():
                 res = run_child(a, name, env, checked=first and checks(name))
                 # a whole pass (cache preparation, the child, its check): for planning runs
                 passes.append({"round": r + 1, "mode": mode, "loader": name,
-                               "seconds": round(time.perf_counter() - t_pass, 1)})
+                               "seconds": round(time.perf_counter() - t_pass, 1),
+                               "steal": res.get("steal")})
                 if "error" in res:
                     print(f"round {r + 1} {mode} {name}: {res['error']}", flush=True)
                     info[name].setdefault("errors", []).append(res["error"])
@@ -481,9 +514,10 @@ def main():
                     if k in res:
                         info[name][k] = max(info[name].get(k, 0), res[k]) if k != "check" \
                             else res[k]
+                stolen = "" if res.get("steal") is None else f", {res['steal']:.1%} stolen"
                 print(f"round {r + 1} {mode} {name}: {res['seconds']:.3f} s "
-                      f"{nbytes / res['seconds'] / 1e9:.2f} GB/s (pass {passes[-1]['seconds']} s)",
-                      flush=True)
+                      f"{nbytes / res['seconds'] / 1e9:.2f} GB/s (pass {passes[-1]['seconds']} s"
+                      f"{stolen})", flush=True)
                 dump()
             if mode == "warm" and lim and "error" not in lim:
                 # again after the round's last warm pass (before any cold one
@@ -549,7 +583,25 @@ def main():
                 print(f"{mode} round {r + 1}, against the fastest peer ({peers[0][1]}): " +
                       ", ".join(f"{n} {x / peers[0][0]:.3f}x" for x, n in ours))
     summarize(modes, nrounds, [n for n in loaders_shown if n not in PATTERNS], rate, pread)
+    for line in steal_lines(passes, modes):
+        print(line)
     dump()
+
+
+def steal_lines(passes, modes):
+    """Per mode, the share of the CPUs' time the hypervisor took during the
+    timed loads of each round (the least and the most of its loads): a round
+    whose loads lost CPU time to another guest says so here."""
+    lines = []
+    for mode in modes:
+        rounds = {}
+        for p in passes:
+            if p["mode"] == mode and p.get("steal") is not None:
+                rounds.setdefault(p["round"], []).append(p["steal"])
+        if rounds:
+            lines.append(f"{mode}, CPU time stolen by the host during the loads: " + ", ".join(
+                f"round {r} {min(v):.1%}-{max(v):.1%}" for r, v in sorted(rounds.items())))
+    return lines
 
 
 def limits_drift(lims):

@@ -65,6 +65,13 @@ def test_side_by_side_on_the_cpu(ckpt, tmp_path):
     assert len(doc["limits"]) == 2 and all(x["pread"] > 0 and x["pread_end"] > 0
                                            for x in doc["limits"]), doc["limits"]
     assert "limits at the start and the end of each round's warm passes: pread " in r.stdout
+    # the share of the CPUs' time the host took during each timed load (none
+    # where the load took less than one clock tick of /proc/stat)
+    assert all("steal" in p for p in doc["passes"]), doc["passes"]
+    stolen = [p["steal"] for p in doc["passes"] if p["steal"] is not None]
+    assert all(0 <= x <= 1 for x in stolen), doc["passes"]
+    if stolen:
+        assert "warm, CPU time stolen by the host during the loads: round " in r.stdout
     for name in ("fst.load", "fst.iter_tensors", "fst.iter_into_params", "safetensors",
                  "fastsafetensors"):
         secs = doc["seconds"][name]["warm"]
@@ -101,6 +108,22 @@ def test_a_rounds_limit_is_the_mean_of_its_two_ends():
     assert "pread 40.00->50.00, 50.00->45.00 GB/s (end / start 0.900-1.250x)" in drift, drift
     assert "pinned copy" not in drift  # no end measured for it
     assert peers.limits_drift([{"pread": 40.0}]) == ""
+
+
+def test_stolen_cpu_time_from_proc_stat():
+    before = peers.cpu_ticks()
+    assert before and before[0] > 0 and 0 <= before[1] <= before[0]
+    assert peers.stolen_share((1000, 10), (1400, 110)) == 0.25
+    # no sample, or no time between the two: no figure
+    assert peers.stolen_share(None, (1400, 110)) is None
+    assert peers.stolen_share((1000, 10), (1000, 10)) is None
+    lines = peers.steal_lines([{"round": 1, "mode": "warm", "steal": 0.0},
+                               {"round": 1, "mode": "warm", "steal": 0.25},
+                               {"round": 2, "mode": "warm", "steal": None},
+                               {"round": 2, "mode": "cold", "steal": 0.01}],
+                              ["warm", "cold"])
+    assert lines == ["warm, CPU time stolen by the host during the loads: round 1 0.0%-25.0%",
+                     "cold, CPU time stolen by the host during the loads: round 2 1.0%-1.0%"]
 
 
 def test_check_names_what_differs(ckpt):
