@@ -58,6 +58,15 @@ COLD="${COLD:-fst.load,fastsafetensors,instanttensor,runai,safetensors,read:will
 COLD_CPU="${COLD_CPU:-fst.load,fst.load:readahead_bytes=1073741824,fastsafetensors,runai,safetensors,read:willneed,read:direct-small-huge}"
 mkdir -p "$OUT" "$RES"
 export WORK
+# CALL_S: the seconds this call may run before its files are copied back (the
+# device call's limit less a margin); the last model of a step gets what is
+# left of it, so a slow first model or install does not cut the second short
+# by a fixed share
+CALL_S=${CALL_S:-570}
+left() { # left MIN: the seconds left of CALL_S, at least MIN
+	local l=$((CALL_S - SECONDS))
+	echo $((l > $1 ? l : $1))
+}
 
 # peers MODEL MODE LIMIT_S [ARGS...]: one peers.py run through scripts/gpu-cold.sh,
 # continuing MODEL's MODE file
@@ -89,10 +98,10 @@ case $STEP in
 	both)
 		peers gpt-oss-20b warm 300
 		cp "$RES/checkpoints.txt" "$OUT/" 2>/dev/null
-		peers llama3-8b warm 240
+		peers llama3-8b warm "$(left 60)"
 		;;
 	gpt-oss-20b | llama3-8b)
-		peers "$MODEL" warm 540
+		peers "$MODEL" warm "$(left 60)"
 		cp "$RES/checkpoints.txt" "$OUT/" 2>/dev/null
 		;;
 	*)
@@ -123,7 +132,7 @@ case $STEP in
 		mode=cold
 		[ "$STEP" = 5 ] && mode=cold-cpu
 		peers gpt-oss-20b $mode 260
-		peers llama3-8b $mode 280
+		peers llama3-8b $mode "$(left 60)"
 	fi
 	if [ "$STEP" = 3 ] || [ "${ALSO_FIRST_LOAD:-0}" = 1 ]; then
 		# where a process's first load loses time against its later ones:
