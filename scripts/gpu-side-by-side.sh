@@ -32,6 +32,12 @@
 #   STEP=5  one cold round on both into host memory (--device cpu:
 #           peers-MODEL-cold-cpu.*), the loaders of COLD_CPU (run it once per
 #           round, as STEP=2); GPU_SUITE as in STEP=2
+#   STEP=6  the side-by-side in one call, for a session whose device time
+#           holds one call and no more: STEP=1 with one warm round
+#           (WARM_ROUNDS=1 unless set) in the call's first 300 s (WARM_S),
+#           then STEP=2 in what is left; both steps' files in one archive
+#           (sbs.tar.gz: two folders, warm/ and cold/), as a call brings back
+#           at most 8 files
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
 # pass took 10-15 s there, a cold one about 25 s: bench/results/
 # h200-2026-12-02-sbs); a cold round is one peers.py run continued with
@@ -39,7 +45,7 @@
 # are checked in its first warm pass, fst's also in its first cold pass. Each
 # step copies what it touched to OUT (at most 8 files).
 set -uo pipefail
-STEP=${STEP:?STEP=1, 2, 3, 4 or 5}
+STEP=${STEP:?STEP=1, 2, 3, 4, 5 or 6}
 OUT=${OUT:-/tmp/fst-sbs-out}
 WORK=${WORK:-/tmp/fst-cold-work}
 RES=$WORK/sbs # the runs' files, kept between steps
@@ -145,6 +151,17 @@ case $STEP in
 			>>"$OUT/first-load.txt" 2>&1
 	fi
 	;;
+6)
+	mkdir -p "$RES/one-call"
+	rm -rf "$RES/one-call/warm" "$RES/one-call/cold"
+	OUT=$RES/one-call/warm STEP=1 WARM_ROUNDS=${WARM_ROUNDS:-1} CALL_S=${WARM_S:-300} bash "$0"
+	# the cold step stops with CALL_S, whatever its first model's own limit
+	cold_s=$(left 60)
+	OUT=$RES/one-call/cold STEP=2 CALL_S=$cold_s timeout $((cold_s + 10)) bash "$0"
+	# each step printed its tables
+	tar czf "$OUT/sbs.tar.gz" -C "$RES/one-call" warm cold
+	exit 0
+	;;
 4)
 	fst=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/fst
 	for p in 1 3; do
@@ -156,7 +173,7 @@ case $STEP in
 	done >"$OUT/replicas.txt" 2>&1
 	;;
 *)
-	echo "gpu-side-by-side: STEP=$STEP: 1, 2, 3, 4 or 5" >&2
+	echo "gpu-side-by-side: STEP=$STEP: 1, 2, 3, 4, 5 or 6" >&2
 	exit 2
 	;;
 esac
