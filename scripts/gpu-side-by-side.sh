@@ -36,8 +36,10 @@
 #           holds one call and no more: STEP=1 with one warm round
 #           (WARM_ROUNDS=1 unless set) in the call's first 300 s (WARM_S),
 #           then STEP=2 in what is left; both steps' files in one archive
-#           (sbs.tar.gz: two folders, warm/ and cold/), as a call brings back
-#           at most 8 files
+#           (sbs.tar.gz: two folders, warm/ and cold/, written after each
+#           step), as a call brings back at most 8 files. On a bare machine
+#           the install and the checkpoints take the first 2-3 minutes: a
+#           call of less than the full 600 s holds the warm step alone
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
 # pass took 10-15 s there, a cold one about 25 s: bench/results/
 # h200-2026-12-02-sbs); a cold round is one peers.py run continued with
@@ -102,7 +104,9 @@ case $STEP in
 	cat "$OUT/wheel.txt" >>"$OUT/machine.txt" && rm -f "$OUT/wheel.txt"
 	case ${MODEL:-both} in
 	both)
-		peers gpt-oss-20b warm 300
+		# at most 300 s, and 60 s of CALL_S left for the second model
+		first=$(($(left 120) - 60))
+		peers gpt-oss-20b warm $((first < 300 ? first : 300))
 		cp "$RES/checkpoints.txt" "$OUT/" 2>/dev/null
 		peers llama3-8b warm "$(left 60)"
 		;;
@@ -155,6 +159,9 @@ case $STEP in
 	mkdir -p "$RES/one-call"
 	rm -rf "$RES/one-call/warm" "$RES/one-call/cold"
 	OUT=$RES/one-call/warm STEP=1 WARM_ROUNDS=${WARM_ROUNDS:-1} CALL_S=${WARM_S:-300} bash "$0"
+	# archived after each step: a call stopped at its limit brings back
+	# what $OUT holds, not what a step still running would have written
+	tar czf "$OUT/sbs.tar.gz" -C "$RES/one-call" warm
 	# the cold step stops with CALL_S, whatever its first model's own limit
 	cold_s=$(left 60)
 	OUT=$RES/one-call/cold STEP=2 CALL_S=$cold_s timeout $((cold_s + 10)) bash "$0"
