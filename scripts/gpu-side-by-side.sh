@@ -38,8 +38,8 @@
 #           then STEP=2 in what is left; both steps' files in one archive
 #           (sbs.tar.gz: two folders, warm/ and cold/, written after each
 #           step), as a call brings back at most 8 files. On a bare machine
-#           the install and the checkpoints take the first 2-3 minutes: a
-#           call of less than the full 600 s holds the warm step alone
+#           the install, the checkpoints and one model's warm round took
+#           most of a 348 s call: there the cold step is cut short
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
 # pass took 10-15 s there, a cold one about 25 s: bench/results/
 # h200-2026-12-02-sbs); a cold round is one peers.py run continued with
