@@ -38,8 +38,10 @@
 #           then STEP=2 in what is left; both steps' files in one archive
 #           (sbs.tar.gz: two folders, warm/ and cold/, written after each
 #           step), as a call brings back at most 8 files. On a bare machine
-#           the install, the checkpoints and one model's warm round took
-#           most of a 348 s call: there the cold step is cut short
+#           the whole of it took 450 s with CALL_S=560 WARM_S=330 and three
+#           warm loaders (WARM=fst.load,fst.iter_into_params,
+#           instanttensor.buffered); a 348 s call held only the install,
+#           the checkpoints and one model's warm round
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
 # pass took 10-15 s there, a cold one about 25 s: bench/results/
 # h200-2026-12-02-sbs); a cold round is one peers.py run continued with
