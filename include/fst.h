@@ -473,7 +473,8 @@ typedef struct fst_load_opts {
 					cold files onto a GPU under FST_IO_AUTO:
 					512 KiB) */
 	uint64_t staging_bytes;    /* host staging budget; 0 = 128 MiB for page-cache
-	                            * reads, 256 MiB for O_DIRECT */
+	                            * reads (64 MiB onto a GPU where the CPU's L3
+	                            * holds less than 256 MiB), 256 MiB for O_DIRECT */
 	uint32_t align;            /* alignment of every tensor; 0 = 256; power of two */
 	int pinned;                /* CPU target: page-lock the destination */
 	/* Keep only the tensors for which filter returns nonzero (NULL: all). */

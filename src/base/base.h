@@ -1,6 +1,7 @@
 /*
  * base.h - what every module of libfst uses: errors, the clock, logging,
- * memory, fault injection, name tables, host memory, the environment.
+ * memory, fault injection, name tables, host memory, the environment,
+ * the CPU's caches.
  * Depends on libc only; never installed (src/README.md).
  *
  * Cross-file internals are prefixed fsti_ and hidden by -fvisibility=hidden
@@ -146,5 +147,15 @@ void fsti_host_free(void *p, uint64_t map_len);
 /* Faults len bytes at p (from fsti_host_alloc, not yet touched) in, on up
  * to threads threads at once; the bytes stay zero. */
 void fsti_host_populate(void *p, uint64_t len, unsigned threads);
+
+/* ---- the CPU's caches (cpu.c) */
+
+/* The largest data or unified cache of the given level that the sysfs
+ * folder dir lists (a CPU's .../cache: index0, index1, ... each with its
+ * level, type and size), in bytes; 0 where none can be read. */
+uint64_t fsti_cache_bytes_in(const char *dir, int level);
+/* CPU 0's level-3 cache (one instance: on a machine of several, each
+ * socket's own), in bytes; 0 where sysfs does not say. */
+uint64_t fsti_l3_cache_bytes(void);
 
 #endif

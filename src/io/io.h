@@ -43,6 +43,16 @@ struct fsti_source {
  * dwarfs the pinning (docs/design.md, "Defaults"). */
 #define FSTI_STAGING_CACHED (128ull << 20)
 #define FSTI_STAGING_DIRECT (256ull << 20)
+/* ... but where the CPU's last-level cache holds less than
+ * FSTI_STAGING_CACHED_L3, page-cache loads onto a GPU stage through
+ * FSTI_STAGING_CACHED_SMALL_L3: on an H100 machine with a 105 MiB L3, 64 MiB
+ * loaded 1.011-1.075x as fast as 128 in all six rounds, 96 MiB 1.021-1.042x
+ * in four, 32 MiB 0.955-0.965x; on the machines with a 300 MiB L3, 128 MiB
+ * led 64 in 14 rounds of 18 and 256 MiB trailed (docs/design.md, "Past the
+ * copy limit"). The copy engine reads the staging soon after the workers
+ * wrote it, while the cache may still hold it. */
+#define FSTI_STAGING_CACHED_L3 (256ull << 20)
+#define FSTI_STAGING_CACHED_SMALL_L3 (64ull << 20)
 /* Cold files read through the page cache with readahead: bigger copies out
  * of the cache than the cached default, measured best on the H200's disk. */
 #define FSTI_STAGING_COLD (256ull << 20)

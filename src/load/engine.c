@@ -453,6 +453,21 @@ static void describe(struct fsti_engine *e)
 		 fsti_gds_why(e->gds)[0] ? "; " : "", fsti_gds_why(e->gds));
 }
 
+/* The staging budget of a load whose caller left it to fst: the reader's,
+ * the readahead one for cold files, and from the page cache onto a GPU one
+ * that a smaller last-level cache still holds (io.h). */
+static uint64_t default_staging(const struct fsti_engine *e, bool cached_gpu)
+{
+	if (reads_ahead(e))
+		return FSTI_STAGING_COLD;
+	if (cached_gpu) {
+		uint64_t l3 = fsti_l3_cache_bytes();
+		if (l3 && l3 < FSTI_STAGING_CACHED_L3)
+			return FSTI_STAGING_CACHED_SMALL_L3;
+	}
+	return e->reader->default_staging;
+}
+
 /* Public calls leave the caller's thread on the CUDA context it had. */
 static void give_back_context(struct fsti_engine *e)
 {
@@ -522,16 +537,16 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	bool direct = host_dst && e->reader && e->reader->exact_reads;
 	/* From the page cache onto a GPU, fewer workers than cores leave the
 	 * memory to the copy engine (io.h). A count the caller gave stands. */
-	if (!rc && !host_dst && e->reader == &fsti_reader_pread && !reads_ahead(e) &&
-	    !fsti_gds_direct_count(e->gds) && (!opts || !opts->threads))
+	bool cached_gpu = !host_dst && e->reader == &fsti_reader_pread && !reads_ahead(e) &&
+			  !fsti_gds_direct_count(e->gds);
+	if (!rc && cached_gpu && (!opts || !opts->threads))
 		e->opts.threads = FSTI_MIN(e->opts.threads, FSTI_CACHED_GPU_THREADS);
 	if (!rc && !direct && e->opts.io != FST_IO_MMAP) {
 		e->sink = host_dst ? &fsti_sink_host : &fsti_sink_cuda;
 		/* Landing slots of every thread fit the staging budget, by
 		 * default the reader's own (io.h). */
 		if (!e->opts.staging_bytes)
-			e->opts.staging_bytes = reads_ahead(e) ? FSTI_STAGING_COLD
-							       : e->reader->default_staging;
+			e->opts.staging_bytes = default_staging(e, cached_gpu);
 		uint64_t per_slot = e->opts.staging_bytes / ((uint64_t)e->opts.threads * FSTI_SLOTS);
 		/* Host slots are one mapping of huge pages per worker (host_sink.c):
 		 * a whole number of them within each worker's share, where the

@@ -3,7 +3,8 @@
  * fst_cuda_device_info for each device and out of range, the host-to-device
  * bandwidth probe and its argument checks, fst_load_explain onto a device
  * (pread, io_uring, pinned staging; io=mmap refused), the default worker
- * count from the page cache onto a GPU on 16 cores (at most 12), and the
+ * count from the page cache onto a GPU on 16 cores (at most 12), its
+ * staging by the CPU's L3 (64 MiB under 256 MiB, else 128), and the
  * caller's current context left as it was by loads to another device,
  * copies back, device queries and the last release. */
 #include "cuda_helpers.h"
@@ -126,40 +127,108 @@ static int explain_on_16_cpus(const ch_ckpt *c)
 	return 0;
 }
 
-/* From the page cache onto a GPU a load left to fst starts at most 12
- * workers (FSTI_CACHED_GPU_THREADS): 16 on 16 cores loaded slower. The CPU
- * count is sysfs's, seen through a mount namespace of the child's own. */
-static void test_workers_from_the_page_cache(void **state)
+/* Runs check in a child whose view of the sysfs file target holds text
+ * (a file of the checkpoint's folder bind-mounted over it, in a mount
+ * namespace of the child's own). check returns 0, 77 where it has nothing
+ * to check, or the number of the check that failed. */
+static void with_sysfs_file(const char *name, const char *target, const char *text,
+			    int (*check)(const ch_ckpt *c))
 {
-	(void)state;
 	if (geteuid() != 0)
 		skip(); /* it takes root to mount */
+	if (access(target, R_OK))
+		skip(); /* no such file to stand in for here */
 	ch_ckpt c;
-	ch_write_random("workers", 73, &ch_small_gen, &c);
+	ch_write_random(name, 73, &ch_small_gen, &c);
 	ch_open(&c, c.dir);
-	char online[sizeof c.dir + 16];
-	snprintf(online, sizeof online, "%s/online", c.dir);
-	int fd = open(online, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	char fake[sizeof c.dir + 16];
+	snprintf(fake, sizeof fake, "%s/sysfs-file", c.dir);
+	int fd = open(fake, O_WRONLY | O_CREAT | O_TRUNC, 0600);
 	assert_true(fd >= 0);
-	assert_int_equal(write(fd, "0-15\n", 5), 5);
+	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
 	close(fd);
 	pid_t pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
 		if (unshare(CLONE_NEWNS) || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
-		    mount(online, "/sys/devices/system/cpu/online", NULL, MS_BIND, NULL))
+		    mount(fake, target, NULL, MS_BIND, NULL))
 			_exit(77);
-		_exit(explain_on_16_cpus(&c));
+		_exit(check(&c));
 	}
 	int status;
 	assert_int_equal(waitpid(pid, &status, 0), pid);
-	unlink(online);
+	unlink(fake);
 	ch_close(&c);
 	assert_true(WIFEXITED(status));
 	if (WEXITSTATUS(status) == 77)
-		skip(); /* no mount namespace here, or a CPU count not from sysfs */
+		skip(); /* no mount namespace here, or nothing the check could read */
 	if (WEXITSTATUS(status))
-		fail_msg("on 16 CPUs: check %d failed", WEXITSTATUS(status));
+		fail_msg("%s = \"%s\": check %d failed", target, text, WEXITSTATUS(status));
+}
+
+/* From the page cache onto a GPU a load left to fst starts at most 12
+ * workers (FSTI_CACHED_GPU_THREADS): 16 on 16 cores loaded slower. The CPU
+ * count is sysfs's. */
+static void test_workers_from_the_page_cache(void **state)
+{
+	(void)state;
+	with_sysfs_file("workers", "/sys/devices/system/cpu/online", "0-15\n",
+			explain_on_16_cpus);
+}
+
+/* The description of a page-cache load onto cuda:1 by 12 workers has
+ * chunks of want (the staging budget / 36 slots, 4 KiB-aligned); 0 or
+ * the number of the check that failed. */
+static int chunks_are(const ch_ckpt *c, uint64_t staging, const char *want, int which)
+{
+	char text[512];
+	fst_error err;
+	fst_load_opts o;
+	ch_opts(&o, "cuda:1", FST_IO_AUTO, 12, staging);
+	if (fst_load_explain(c->ck, &o, text, sizeof text, &err) || !strstr(text, "pread") ||
+	    !strstr(text, want))
+		return fprintf(stderr, "staging %llu: want \"%s\": %s %s\n",
+			       (unsigned long long)staging, want, text, err.message),
+		       which;
+	return 0;
+}
+
+/* Where cpu0's sysfs lists its level-3 cache (the checks skip where
+ * index3 is another level) */
+#define L3_SIZE "/sys/devices/system/cpu/cpu0/cache/index3/size"
+
+static int staging_on_105_mib(const ch_ckpt *c)
+{
+	if (fsti_l3_cache_bytes() != 105ull << 20)
+		return 77; /* index3 is not the level-3 cache here */
+	int rc = chunks_are(c, 0, " 1820 KiB chunks", 1); /* 64 MiB */
+	/* a budget the caller gives stands */
+	return rc ? rc : chunks_are(c, 128ull << 20, " 3640 KiB chunks", 2);
+}
+
+static int staging_on_300_mib(const ch_ckpt *c)
+{
+	if (fsti_l3_cache_bytes() != 300ull << 20)
+		return 77;
+	return chunks_are(c, 0, " 3640 KiB chunks", 3); /* 128 MiB */
+}
+
+static int staging_on_unknown(const ch_ckpt *c)
+{
+	if (fsti_l3_cache_bytes())
+		return 77;
+	return chunks_are(c, 0, " 3640 KiB chunks", 4);
+}
+
+/* From the page cache onto a GPU the staging a load left to fst keeps is
+ * 64 MiB where the CPU's L3 holds less than 256 MiB, else 128 MiB, and 128
+ * where sysfs does not say (FSTI_STAGING_CACHED_L3). */
+static void test_staging_from_the_l3(void **state)
+{
+	(void)state;
+	with_sysfs_file("l3-105", L3_SIZE, "107520K\n", staging_on_105_mib);
+	with_sysfs_file("l3-300", L3_SIZE, "307200K\n", staging_on_300_mib);
+	with_sysfs_file("l3-none", L3_SIZE, "\n", staging_on_unknown);
 }
 
 /* The caller's current context is its own: a load to another device, a
@@ -221,6 +290,7 @@ int main(void)
 		cmocka_unit_test_setup(test_driver_queries, ch_reset),
 		cmocka_unit_test_setup(test_explain, ch_reset),
 		cmocka_unit_test_setup(test_workers_from_the_page_cache, ch_reset),
+		cmocka_unit_test_setup(test_staging_from_the_l3, ch_reset),
 		cmocka_unit_test_setup(test_caller_context_kept, ch_reset),
 	};
 	return cmocka_run_group_tests(tests, ch_setup, ch_teardown);
