@@ -148,7 +148,11 @@ void fsti_host_free(void *p, uint64_t map_len);
  * to threads threads at once; the bytes stay zero. */
 void fsti_host_populate(void *p, uint64_t len, unsigned threads);
 
-/* ---- the CPU's caches (cpu.c) */
+/* ---- sysfs: small files, the CPU's caches (cpu.c) */
+
+/* The first line of a small file (sysfs, procfs), without its newline;
+ * false when it cannot be read. */
+bool fsti_read_first_line(const char *path, char *buf, size_t size);
 
 /* The largest data or unified cache of the given level that the sysfs
  * folder dir lists (a CPU's .../cache: index0, index1, ... each with its

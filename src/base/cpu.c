@@ -1,7 +1,8 @@
 /*
- * cpu.c - what the host's CPUs say about themselves in sysfs: the size of
- * a level of their caches. A load from the page cache onto a GPU sizes its
- * staging by the last-level cache (load/engine.c, io/io.h).
+ * cpu.c - what the host says about itself in sysfs: the first line of one
+ * of its small files, and the size of a level of the CPU's caches. A load
+ * from the page cache onto a GPU sizes its staging by the last-level cache
+ * (load/engine.c, io/io.h).
  *
  * Unreadable, missing or malformed entries give 0 ("unknown"), never an
  * error: the caller then keeps its default.
@@ -18,9 +19,7 @@
  * bound only keeps a strange tree from being walked for long). */
 #define MAX_CACHE_ENTRIES 32
 
-/* The first line of a small sysfs file, without its newline; false when
- * it cannot be read. */
-static bool read_line(const char *path, char *buf, size_t size)
+bool fsti_read_first_line(const char *path, char *buf, size_t size)
 {
 	FILE *f = fopen(path, "r");
 	if (!f)
@@ -59,14 +58,14 @@ uint64_t fsti_cache_bytes_in(const char *dir, int level)
 	for (int i = 0; i < MAX_CACHE_ENTRIES; i++) {
 		char path[512], text[64];
 		snprintf(path, sizeof path, "%s/index%d/level", dir, i);
-		if (!read_line(path, text, sizeof text) || atoi(text) != level)
+		if (!fsti_read_first_line(path, text, sizeof text) || atoi(text) != level)
 			continue;
 		/* an instruction cache holds no data we copy */
 		snprintf(path, sizeof path, "%s/index%d/type", dir, i);
-		if (read_line(path, text, sizeof text) && !strcmp(text, "Instruction"))
+		if (fsti_read_first_line(path, text, sizeof text) && !strcmp(text, "Instruction"))
 			continue;
 		snprintf(path, sizeof path, "%s/index%d/size", dir, i);
-		if (read_line(path, text, sizeof text))
+		if (fsti_read_first_line(path, text, sizeof text))
 			largest = FSTI_MAX(largest, size_from_text(text));
 	}
 	return largest;

@@ -39,21 +39,14 @@ static void pcie_link(const char *bus_id, int *gen, int *width)
 	lower[i] = '\0';
 	*gen = *width = 0;
 	snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/current_link_speed", lower);
-	FILE *f = fopen(path, "r");
-	if (f) {
-		if (fgets(buf, sizeof buf, f)) {
-			double gts = atof(buf);
-			*gen = gts >= 60 ? 6 : gts >= 30 ? 5 : gts >= 15 ? 4 : gts >= 7 ? 3
-			     : gts >= 4 ? 2 : gts > 0 ? 1 : 0;
-		}
-		fclose(f);
+	if (fsti_read_first_line(path, buf, sizeof buf)) {
+		double gts = atof(buf);
+		*gen = gts >= 60 ? 6 : gts >= 30 ? 5 : gts >= 15 ? 4 : gts >= 7 ? 3
+		     : gts >= 4 ? 2 : gts > 0 ? 1 : 0;
 	}
 	snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/current_link_width", lower);
-	if ((f = fopen(path, "r"))) {
-		if (fgets(buf, sizeof buf, f))
-			*width = atoi(buf);
-		fclose(f);
-	}
+	if (fsti_read_first_line(path, buf, sizeof buf))
+		*width = atoi(buf);
 }
 
 static int fst_cuda_device_info_impl(int index, fst_cuda_device *out, fst_error *err)
