@@ -9,7 +9,7 @@ in the same round. A markdown table on stdout, JSON with --json.
   python3 bench/make_checkpoints.py /tmp/ck          # 16 GB dense, 13.8 GB MXFP4
   python3 bench/peers.py /tmp/ck/llama3-8b --device cuda:0 --rounds 2 \\
       [--peer-site DIR] [--only fst.load,fastsafetensors] [--no-cold | --no-warm]
-      [--scrub DIR] [--check first|none|LOADER,...] [--json out.json [--append]]
+      [--scrub DIR] [--check first|none|LOADER,...] [--settle S] [--json out.json [--append]]
 
 Loaders (a peer that does not import is reported and left out; LOADER+NAME=VALUE
 runs LOADER with one more environment variable, e.g. fst.load+FST_STAGING_PAGES=driver;
@@ -63,6 +63,13 @@ Each loader's modules are imported before its clock starts, as an engine
 imports its loader at start-up (the pread limit has no import either); the
 import's own time is reported beside the table. Runs before 2026-12-04c
 timed the import with the load (fst's: 8-12 ms on the H200).
+
+--settle S makes every loader's process wait S seconds after its CUDA context,
+its imports and (fst.iter_into_params) its parameters are ready, before its clock
+starts: whether a load that starts at once after its process set up the GPU is the
+slower one. Each pass records S (`settle`) and the seconds from its process's
+CUDA context being made (on the CPU, the same point: torch imported) to its
+clock (`since_setup_seconds`) in the JSON's passes.
 """
 import argparse
 import glob
@@ -300,6 +307,7 @@ def child(a):
         torch.zeros(1, device=a.device)
         torch.cuda.synchronize()
         free0 = torch.cuda.mem_get_info(torch.device(a.device))[0]
+    t_setup = time.perf_counter()
     name = a.child.split("+")[0]  # with its options: load_with reads them
     params = prepare(name, files, a.device)
     t_import = time.perf_counter()
@@ -308,6 +316,8 @@ def child(a):
     t_import = time.perf_counter() - t_import
     if cuda:
         torch.cuda.synchronize()
+    if a.settle:
+        time.sleep(a.settle)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     ticks0 = cpu_ticks()
     t0 = time.perf_counter()
@@ -322,6 +332,7 @@ def child(a):
     dt = time.perf_counter() - t0
     steal = stolen_share(ticks0, cpu_ticks())
     out = {"seconds": dt, "import_seconds": t_import, "steal": steal,
+           "since_setup_seconds": t0 - t_setup,
            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
            "rss_before_bytes": rss0 * 1024}
     if cuda:
@@ -380,7 +391,7 @@ def run_child(a, name, env, checked):
             kept.close()  # unmapped after the clock, as a loader's memory is
         return {"seconds": dt, "steal": steal}
     cmd = [sys.executable, os.path.abspath(__file__), a.path, "--device", a.device,
-           "--child", name] + (["--check", "child"] if checked else [])
+           "--child", name, "--settle", str(a.settle)] + (["--check", "child"] if checked else [])
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -415,11 +426,16 @@ def main():
                          "first (every loader's), none, or a comma-separated list of loaders "
                          "(a cold check of a loader that reads with O_DIRECT reads the file "
                          "from the disk again)")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds each loader's process waits, its GPU context, imports and "
+                         "parameters ready, before its clock starts (default 0)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     scrub_with = scrub_files(a.scrub)
     if a.child:
         return child(a)
+    if not a.settle >= 0:  # NaN too
+        sys.exit(f"--settle: {a.settle:g}: seconds, 0 or more")
 
     files = files_of(a.path)
     if not files:
@@ -503,7 +519,9 @@ def main():
                 # a whole pass (cache preparation, the child, its check): for planning runs
                 passes.append({"round": r + 1, "mode": mode, "loader": name,
                                "seconds": round(time.perf_counter() - t_pass, 1),
-                               "steal": res.get("steal")})
+                               "steal": res.get("steal"),
+                               "since_setup_seconds": res.get("since_setup_seconds"),
+                               "settle": a.settle})
                 if "error" in res:
                     print(f"round {r + 1} {mode} {name}: {res['error']}", flush=True)
                     info[name].setdefault("errors", []).append(res["error"])
@@ -571,6 +589,10 @@ def main():
                if "import_seconds" in info[n]]
     if imports:
         print("imports before the clock, ms (the slowest of the passes): " + ", ".join(imports))
+    settled = sorted({p["settle"] for p in passes if p.get("settle")})
+    if settled:
+        print("each loader's process waited before its clock (--settle), s: "
+              + ", ".join(f"{x:g}" for x in settled))
     for mode in modes:
         for r in range(nrounds):
             ranked = sorted(((rate(n, mode)[r], n) for n in loaders_shown

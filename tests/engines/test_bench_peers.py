@@ -68,6 +68,11 @@ def test_side_by_side_on_the_cpu(ckpt, tmp_path):
     # the share of the CPUs' time the host took during each timed load (none
     # where the load took less than one clock tick of /proc/stat)
     assert all("steal" in p for p in doc["passes"]), doc["passes"]
+    # without --settle a process's clock starts once its imports are done (a
+    # loader that failed, InstantTensor on the CPU, has no such figure)
+    ready = [p for p in doc["passes"] if p["since_setup_seconds"] is not None]
+    assert {p["loader"] for p in ready} >= {"fst.load", "safetensors"}, doc["passes"]
+    assert all(p["settle"] == 0 and 0 <= p["since_setup_seconds"] < 0.4 for p in ready), ready
     stolen = [p["steal"] for p in doc["passes"] if p["steal"] is not None]
     assert all(0 <= x <= 1 for x in stolen), doc["passes"]
     if stolen:
@@ -95,6 +100,31 @@ def test_side_by_side_on_the_cpu(ckpt, tmp_path):
     other = run_peers(path, "--device", "cuda:0", "--rounds", "0", "--no-cold", "--append",
                       "--fst-bin", fst_bin, "--only", "fst.load", "--json", str(out))
     assert other.returncode != 0 and "another checkpoint, device or modes" in other.stderr
+
+
+def test_settle_waits_before_every_clock(ckpt, tmp_path):
+    """--settle S: each loader's process waits S seconds, ready, before its
+    clock starts; the wait is in since_setup_seconds, not in the timed seconds."""
+    out = tmp_path / "peers.json"
+    r = run_peers(ckpt[0], "--device", "cpu", "--rounds", "1", "--no-cold", "--settle", "0.4",
+                  "--fst-bin", os.environ.get("FST_BIN", "build/fst"),
+                  "--only", "fst.load,safetensors", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    passes = json.loads(out.read_text())["passes"]
+    assert [p["loader"] for p in passes] == ["fst.load", "safetensors"], passes
+    for p in passes:
+        assert p["settle"] == 0.4 and p["since_setup_seconds"] >= 0.4, p
+    secs = json.loads(out.read_text())["seconds"]
+    assert all(s["warm"][0] < 0.4 for s in secs.values()), secs
+    assert "waited before its clock (--settle), s: 0.4" in r.stdout
+
+
+@pytest.mark.parametrize("settle", ["-1", "nan"])
+def test_a_settle_that_is_not_seconds_is_refused(ckpt, settle):
+    r = run_peers(ckpt[0], "--device", "cpu", "--no-cold", "--only", "fst.load",
+                  "--settle", settle)
+    assert r.returncode != 0 and "--settle: " in r.stderr and "0 or more" in r.stderr, r.stderr
+    assert "round 1" not in r.stdout
 
 
 def test_a_rounds_limit_is_the_mean_of_its_two_ends():
