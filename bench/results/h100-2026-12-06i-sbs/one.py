@@ -2,36 +2,27 @@
 
 python3 one.py load|iter DIR: `load` is fst.load; `iter` copies each tensor of
 fst.iter_tensors into a parameter allocated before the clock, as an engine's
-load_weights does. Prints the checkpoint's bytes over the seconds.
+load_weights does (bench/peers.py's fst.iter_into_params, whose parameters this
+takes). Prints the checkpoint's bytes over the seconds.
 """
-import glob
-import json
 import os
-import struct
 import sys
 import time
 
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from peers import files_of, prepare  # noqa: E402 (bench/)
+
 torch.zeros(1, device="cuda:0")
 torch.cuda.synchronize()
 import fst  # noqa: E402
 
-DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
-          "U8": torch.uint8, "I64": torch.int64}
 mode, path = sys.argv[1], sys.argv[2]
-files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+files = files_of(path)
 nbytes = sum(os.path.getsize(f) for f in files)
-params = {}
-if mode == "iter":
-    for f in files:
-        with open(f, "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            header = json.loads(fh.read(n))
-        header.pop("__metadata__", None)
-        for k, m in header.items():
-            params[k] = torch.empty(m["shape"], dtype=DTYPES[m["dtype"]], device="cuda:0")
-    torch.cuda.synchronize()
+params = prepare("fst.iter_into_params", files, "cuda:0") if mode == "iter" else None
+torch.cuda.synchronize()
 t = time.perf_counter()
 if mode == "load":
     d = fst.load(path, device="cuda:0")
