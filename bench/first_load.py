@@ -28,6 +28,14 @@ and fst.load timed in fresh processes with and without that allocation.
   first_load.py overlap CHECKPOINT   fst.load while a thread maps device
                                      memory piece by piece: does mapping
                                      stall the copies?
+  first_load.py after CHECKPOINT     a process's first fst.load (as a
+                                     bench pass times it) after what came
+                                     before it: the GPU idle for 5 s, another
+                                     process that freed the checkpoint's size
+                                     of device memory by exiting just before,
+                                     or one that kept the copy engines busy;
+                                     each also with a 2 s wait, set up,
+                                     before the clock; rounds in rotated order
 
 Prints one line per measurement. Needs torch with CUDA and fst.
 """
@@ -444,6 +452,48 @@ def overlap(path):
     load_once(path, "load alone again")
 
 
+def before(what, n):
+    """What runs in a process of its own just before an `after` probe."""
+    torch = torch_ready()
+    if what == "free":  # the checkpoint's size, written, freed at exit
+        torch.empty(n, dtype=torch.uint8, device=DEV).fill_(1)
+    elif what == "busy":  # the copy engines busy for 2 s, little to free
+        src = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 2:
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+
+
+def probe(path, settle, label):
+    """A process's first load, timed as bench/peers.py times a pass."""
+    torch_ready()
+    import fst  # noqa: F401
+    time.sleep(settle)
+    load_once(path, label)
+
+
+AFTER = (("idle", 0), ("free", 0), ("busy", 0), ("idle", 2), ("free", 2), ("busy", 2))
+
+
+def after(path, rounds=3):
+    n = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+            if f.endswith(".safetensors"))
+    run = [sys.executable, __file__]
+    subprocess.run(run + ["probe", path, "0", "warm-up (page cache)"], check=True)
+    for r in range(rounds):
+        for i in range(len(AFTER)):
+            what, settle = AFTER[(i + r) % len(AFTER)]
+            if what == "idle":
+                time.sleep(5)
+            else:
+                subprocess.run(run + ["before", what, str(n)], check=True)
+            label = f"round {r + 1}: after {what}, settle {settle} s"
+            subprocess.run(run + ["probe", path, str(settle), label], check=True)
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         raise SystemExit(__doc__)
@@ -466,5 +516,11 @@ if __name__ == "__main__":
         case(arg, sys.argv[3])
     elif what == "overlap":
         overlap(arg)
+    elif what == "after":
+        after(arg)
+    elif what == "before":
+        before(arg, int(sys.argv[3]))
+    elif what == "probe":
+        probe(arg, float(sys.argv[3]), sys.argv[4])
     else:
         raise SystemExit(__doc__)
