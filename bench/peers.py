@@ -9,7 +9,8 @@ in the same round. A markdown table on stdout, JSON with --json.
   python3 bench/make_checkpoints.py /tmp/ck          # 16 GB dense, 13.8 GB MXFP4
   python3 bench/peers.py /tmp/ck/llama3-8b --device cuda:0 --rounds 2 \\
       [--peer-site DIR] [--only fst.load,fastsafetensors] [--no-cold | --no-warm]
-      [--scrub DIR] [--check first|none|LOADER,...] [--settle S] [--json out.json [--append]]
+      [--scrub DIR] [--check first|none|LOADER,...] [--settle S] [--passes N]
+      [--json out.json [--append]]
 
 Loaders (a peer that does not import is reported and left out; LOADER+NAME=VALUE
 runs LOADER with one more environment variable, e.g. fst.load+FST_STAGING_PAGES=driver;
@@ -70,6 +71,14 @@ starts: whether a load that starts at once after its process set up the GPU is t
 slower one. Each pass records S (`settle`) and the seconds from its process's
 CUDA context being made (on the CPU, the same point: torch imported) to its
 clock (`since_setup_seconds`) in the JSON's passes.
+
+--passes N runs each warm round as N sweeps over its loaders (every loader once a
+sweep, each pass a fresh process, the sweeps in the round's order) and gives each
+loader's round figure as the median of its N passes, so that a round's ratios are
+not one pass against one: a warm pass moves by several percent with the machine's
+moment on the GPU machines. Every pass's own seconds are in the JSON's passes
+(`timed_seconds`, `sweep`); cold rounds stay one pass a loader (each needs the caches
+emptied again).
 """
 import argparse
 import glob
@@ -78,6 +87,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -429,6 +439,9 @@ def main():
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds each loader's process waits, its GPU context, imports and "
                          "parameters ready, before its clock starts (default 0)")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="warm passes of each loader a round, in sweeps over the loaders; "
+                         "the round's figure is their median (default 1)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     scrub_with = scrub_files(a.scrub)
@@ -436,6 +449,8 @@ def main():
         return child(a)
     if not a.settle >= 0:  # NaN too
         sys.exit(f"--settle: {a.settle:g}: seconds, 0 or more")
+    if a.passes < 1:
+        sys.exit(f"--passes: {a.passes}: 1 or more")
 
     files = files_of(a.path)
     if not files:
@@ -485,10 +500,11 @@ def main():
     first_round = len(lims)
 
     def record(name, mode, r, secs):
-        # one entry per round, None where a pass failed or was not run
+        # one entry per round, None where a pass failed or was not run; with
+        # several passes a round, the median of those that ran so far
         lst = results[name][mode]
-        lst += [None] * (r - len(lst))
-        lst.append(secs)
+        lst += [None] * (r + 1 - len(lst))
+        lst[r] = statistics.median(secs)
 
     def dump():
         # after every pass, so that a run cut short keeps what it measured
@@ -504,7 +520,9 @@ def main():
         print(f"round {r + 1} limits: {lim}", flush=True)
         order = loaders if r % 2 == 0 else loaders[::-1]
         for mode in modes:
-            for name in order:
+            timed = {}  # this round's seconds of each loader, pass by pass
+            sweeps = a.passes if mode == "warm" else 1
+            for sweep, name in ((k, n) for k in range(sweeps) for n in order):
                 if mode == "warm" and name in PATTERNS:
                     continue
                 t_pass = time.perf_counter()
@@ -521,13 +539,15 @@ def main():
                                "seconds": round(time.perf_counter() - t_pass, 1),
                                "steal": res.get("steal"),
                                "since_setup_seconds": res.get("since_setup_seconds"),
-                               "settle": a.settle})
+                               "settle": a.settle, "sweep": sweep + 1,
+                               "timed_seconds": res.get("seconds")})
                 if "error" in res:
                     print(f"round {r + 1} {mode} {name}: {res['error']}", flush=True)
                     info[name].setdefault("errors", []).append(res["error"])
                     dump()
                     continue
-                record(name, mode, r, res["seconds"])
+                timed.setdefault(name, []).append(res["seconds"])
+                record(name, mode, r, timed[name])
                 for k in ("peak_rss_bytes", "device_bytes", "import_seconds", "check"):
                     if k in res:
                         info[name][k] = max(info[name].get(k, 0), res[k]) if k != "check" \
@@ -589,6 +609,10 @@ def main():
                if "import_seconds" in info[n]]
     if imports:
         print("imports before the clock, ms (the slowest of the passes): " + ", ".join(imports))
+    sweeps = max([p.get("sweep", 1) for p in passes] or [1])
+    if sweeps > 1:
+        print(f"each warm figure: the median of a loader's passes in its round (--passes, "
+              f"at most {sweeps})")
     settled = sorted({p["settle"] for p in passes if p.get("settle")})
     if settled:
         print("each loader's process waited before its clock (--settle), s: "

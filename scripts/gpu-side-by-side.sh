@@ -54,7 +54,9 @@ OUT=${OUT:-/tmp/fst-sbs-out}
 WORK=${WORK:-/tmp/fst-cold-work}
 RES=$WORK/sbs # the runs' files, kept between steps
 # WARM and WARM_ROUNDS (default 2) pick the warm step's loaders and rounds;
-# SETTLE=S has every loader's process wait S seconds before its clock
+# SETTLE=S has every loader's process wait S seconds before its clock;
+# PASSES=N runs each warm round as N sweeps over the loaders, each loader's
+# figure the median of its N passes (peers.py --passes)
 WARM=${WARM:-fst.load,fst.iter_into_params,safetensors,fastsafetensors,instanttensor.buffered,runai}
 # the read pattern: the page cache with readahead, the best pattern of every
 # H200 disk so far (16 x 512 KiB O_DIRECT, read:direct-small, was below it in
@@ -96,6 +98,7 @@ peers() {
 	# SETTLE=S: each loader's process waits S seconds, set up, before its clock
 	# (peers.py --settle)
 	args="$args${SETTLE:+ --settle $SETTLE}"
+	[ "$mode" = warm ] && args="$args${PASSES:+ --passes $PASSES}"
 	echo "$(date +%T) $m $mode $*" >>"$OUT/times.txt"
 	DEVICE=$device PEER_MODELS=$m SCRUB=other SWEEP=0 PEERS=1 TAG=$mode OUT=$RES PEER_ARGS="$args $*" \
 		timeout "$limit" bash scripts/gpu-cold.sh >/dev/null 2>&1

@@ -7,6 +7,7 @@ printed again. Its checker and its page toucher are tried on their own."""
 import errno
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -117,6 +118,34 @@ def test_settle_waits_before_every_clock(ckpt, tmp_path):
     secs = json.loads(out.read_text())["seconds"]
     assert all(s["warm"][0] < 0.4 for s in secs.values()), secs
     assert "waited before its clock (--settle), s: 0.4" in r.stdout
+
+
+def test_passes_give_each_round_the_median_of_its_sweeps(ckpt, tmp_path):
+    """--passes N: N sweeps over the loaders in a warm round, each pass a fresh
+    process; a loader's round figure is the median of its passes."""
+    out = tmp_path / "peers.json"
+    r = run_peers(ckpt[0], "--device", "cpu", "--rounds", "1", "--no-cold", "--passes", "3",
+                  "--fst-bin", os.environ.get("FST_BIN", "build/fst"),
+                  "--only", "fst.load,safetensors", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    passes = doc["passes"]
+    assert [(p["sweep"], p["loader"]) for p in passes] == \
+        [(k, n) for k in (1, 2, 3) for n in ("fst.load", "safetensors")], passes
+    for name in ("fst.load", "safetensors"):
+        timed = [p["timed_seconds"] for p in passes if p["loader"] == name]
+        assert len(timed) == 3 and all(t > 0 for t in timed), timed
+        assert doc["seconds"][name]["warm"] == [statistics.median(timed)], (name, doc)
+        # bytes checked once, in the loader's first pass
+        assert doc["info"][name]["check"] == "bytes equal", doc["info"][name]
+    assert r.stdout.count("round 1 warm fst.load: ") == 3, r.stdout
+    assert "the median of a loader's passes in its round (--passes, at most 3)" in r.stdout
+
+
+def test_passes_below_one_are_refused(ckpt):
+    r = run_peers(ckpt[0], "--device", "cpu", "--no-cold", "--only", "fst.load", "--passes", "0")
+    assert r.returncode != 0 and "--passes: 0: 1 or more" in r.stderr, r.stderr
+    assert "round 1" not in r.stdout
 
 
 @pytest.mark.parametrize("settle", ["-1", "nan"])
