@@ -46,6 +46,8 @@ import sys
 import threading
 import time
 
+from peers import files_of, warm  # bench/, beside this script
+
 DEV = "cuda:0"
 
 
@@ -353,8 +355,7 @@ def pin(n):
 def fill_cache(torch, path):
     """Leave a block of the checkpoint's size (and some) in torch's cache,
     so the next load's device memory comes from it, allocated before."""
-    n = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-            if f.endswith(".safetensors"))
+    n = sum(os.path.getsize(f) for f in files_of(path))
     x = torch.empty(n + (256 << 20), dtype=torch.uint8, device=DEV)
     del x
 
@@ -479,15 +480,11 @@ AFTER = (("idle", 0), ("free", 0), ("busy", 0), ("idle", 2), ("free", 2), ("busy
 
 
 def after(path, rounds=3):
-    n = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-            if f.endswith(".safetensors"))
+    files = files_of(path)
+    n = sum(os.path.getsize(f) for f in files)
     # read through the page cache here: a load of files not cached reads them
     # with O_DIRECT (io=auto) and would leave every probe a cold read
-    for f in sorted(os.listdir(path)):
-        if f.endswith(".safetensors"):
-            with open(os.path.join(path, f), "rb", buffering=0) as fh:
-                while fh.read(64 << 20):
-                    pass
+    warm(files)
     run = [sys.executable, __file__]
     subprocess.run(run + ["probe", path, "0", "warm-up (page cache)"], check=True)
     for r in range(rounds):
