@@ -58,7 +58,10 @@ round where that is not near zero says why its figures moved.
 The warm limits are measured twice a round, before its first warm pass and after its
 last, and each ratio is to their mean: a machine whose copies drift within a round shows
 it in the line of limits (start -> end) and in the spread printed below the table. Runs
-before 2026-12-06e measured them once, at the start of each round.
+before 2026-12-06e measured them once, at the start of each round. With --passes N
+they are also measured before each sweep after the first (the JSON's `pread_between`,
+`pinned_copy_between`), and the round's limit is the median of its N + 1
+measurements.
 
 Each loader's modules are imported before its clock starts, as an engine
 imports its loader at start-up (the pread limit has no import either); the
@@ -372,10 +375,12 @@ def limits(fst_bin, path, device):
 
 
 def limit_of(lim, key):
-    """A round's limit: the mean of its passes at the start and the end of the
-    round's warm passes (the start alone in runs that measured only there)."""
-    vals = [v for v in (lim.get(key), lim.get(key + "_end")) if v]
-    return sum(vals) / len(vals) if vals else None
+    """A round's limit: the median of its measurements at the start of the
+    round's warm passes, between its sweeps (--passes) and at their end (the
+    start alone in runs that measured only there); of two, their mean."""
+    vals = [v for v in [lim.get(key), *lim.get(key + "_between", []), lim.get(key + "_end")]
+            if v]
+    return statistics.median(vals) if vals else None
 
 
 def importable(name, env):
@@ -525,6 +530,15 @@ def main():
             for sweep, name in ((k, n) for k in range(sweeps) for n in order):
                 if mode == "warm" and name in PATTERNS:
                     continue
+                if sweep and name == order[0] and lim and "error" not in lim:
+                    # the limits again before each sweep after the first, so that
+                    # the round's limit, as its loaders' figures, is a median
+                    # over the same stretch of time
+                    mid = limits(fst_bin, a.path, a.device)
+                    for k in ("pread", "pinned_copy"):
+                        if mid.get(k):
+                            lim.setdefault(k + "_between", []).append(mid[k])
+                    print(f"round {r + 1} limits before sweep {sweep + 1}: {mid}", flush=True)
                 t_pass = time.perf_counter()
                 if mode == "warm":
                     warm(files)
@@ -612,7 +626,7 @@ def main():
     sweeps = max([p.get("sweep", 1) for p in passes] or [1])
     if sweeps > 1:
         print(f"each warm figure: the median of a loader's passes in its round (--passes, "
-              f"at most {sweeps})")
+              f"at most {sweeps}); each limit the median of its measurements in the round")
     settled = sorted({p["settle"] for p in passes if p.get("settle")})
     if settled:
         print("each loader's process waited before its clock (--settle), s: "
