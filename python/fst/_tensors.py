@@ -43,6 +43,16 @@ def _no_ml_dtypes(name: str, dtype: str) -> MissingDependencyError:
                                   "ml_dtypes")
 
 
+def _from_dlpack(torch, t: "_fst.Tensor"):
+    # Through the capsule, the old-style import every torch takes. Given the
+    # object, torch first looks up the device's current stream for each
+    # tensor (a device name parsed, a Stream object made) and tries
+    # __dlpack__'s keywords one set after another; fst ignores the stream, as
+    # a tensor is handed out only once its bytes have landed. A load hands
+    # out every tensor of a model, so those microseconds add up.
+    return torch.from_dlpack(t.__dlpack__())
+
+
 def _to_torch(t: "_fst.Tensor"):
     import torch
     dtype = t.dtype
@@ -51,12 +61,12 @@ def _to_torch(t: "_fst.Tensor"):
         if wanted is None:
             raise _no_torch_dtype(t.name, dtype, torch)
         bits = int(dtype[1:])
-        return torch.from_dlpack(t.reinterpret(_DL_INT, bits)).view(wanted)
+        return _from_dlpack(torch, t.reinterpret(_DL_INT, bits)).view(wanted)
     if dtype.startswith("F8_"):
-        raw = torch.from_dlpack(t)  # uint8, same shape
+        raw = _from_dlpack(torch, t)  # uint8, same shape
         wanted = _torch_dtypes().get(dtype)
         return raw.view(wanted) if wanted is not None else raw
-    raw = torch.from_dlpack(t)
+    raw = _from_dlpack(torch, t)
     # F4 rows of whole bytes are torch's float4_e2m1fn_x2 (two values a byte,
     # the last dimension in bytes), as the reference gives them; otherwise F4
     # and F6 stay uint8: the last dimension in bytes, or flat (docs/python.md)

@@ -195,6 +195,27 @@ def test_from_dlpack_directly(fst_pkg, ref_file):
     assert torch.equal(t, tensors["float32.m"])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensors_reach_torch_as_capsules(fst_pkg, ref_file, device, monkeypatch):
+    """Every tensor of a load reaches torch as a DLPack capsule, so torch does
+    not look up the device's current stream for each of them (fst ignores
+    the stream: a tensor is handed out only once its bytes have landed)."""
+    p, tensors = ref_file
+    given, streams = [], []
+    real = torch.from_dlpack
+    monkeypatch.setattr(torch, "from_dlpack", lambda x, *a, **k: given.append(x) or real(x, *a, **k))
+    real_stream = torch.cuda.current_stream
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda *a, **k: streams.append(a) or real_stream(*a, **k))
+    got = fst_pkg.load_file(p, device=device)
+    got.update(dict(fst_pkg.iter_tensors(p, device=device)))
+    assert len(given) == 2 * len(tensors) and \
+        {type(x).__name__ for x in given} == {"PyCapsule"}, {type(x) for x in given}
+    assert streams == []
+    for name, t in tensors.items():
+        assert raw_bytes(got[name]) == raw_bytes(t), name
+
+
 @needs_cuda
 def test_iter_tensors_on_cuda(fst_pkg, gen_dir):
     d = gen_dir(shards=3, seed=61, size="8MiB", misaligned=True)
