@@ -145,10 +145,9 @@ def test_passes_give_each_round_the_median_of_its_sweeps(ckpt, tmp_path):
     # is no pinned copy limit)
     lim = doc["limits"][0]
     assert lim.get("pinned_copy") is None and "pinned_copy_between" not in lim, lim
-    for k in ("pread",):
-        got = [lim[k], *lim[k + "_between"], lim[k + "_end"]]
-        assert len(got) == 4 and all(x > 0 for x in got), lim
-        assert peers.limit_of(lim, k) == statistics.median(got), lim
+    got = [lim["pread"], *lim["pread_between"], lim["pread_end"]]
+    assert len(got) == 4 and all(x > 0 for x in got), lim
+    assert peers.limit_of(lim, "pread") == statistics.median(got), lim
     assert r.stdout.index("round 1 limits before sweep 2: ") < \
         r.stdout.index("round 1 limits before sweep 3: ") < r.stdout.index("round 1 limits at the end")
 
