@@ -10,7 +10,10 @@
 #           that one only, in a call of its own (where a warm pass takes
 #           longer than 15 s, both do not fit one call: run STEP=1 once per
 #           model; each warm round also runs `fst bench` twice, for the
-#           limits at its start and its end)
+#           limits at its start and its end; with PASSES=N, before each sweep
+#           after the first too). On a bare H200 machine one round on both
+#           with PASSES=3 and three loaders took 303 s with the install;
+#           two rounds on gpt-oss-20b with four loaders, 227 s
 #   STEP=2  one more cold round on both (run it once per round: each round
 #           after the first runs the loaders in the other round's order
 #           reversed), then, with ALSO_FIRST_LOAD=1, step 3; on a bare
