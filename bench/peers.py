@@ -511,6 +511,16 @@ def main():
         lst += [None] * (r + 1 - len(lst))
         lst[r] = statistics.median(secs)
 
+    def warm_limits(lim):
+        return lim and "error" not in lim
+
+    def again(label):
+        """The warm limits measured once more within a round, printed: those
+        that came out, by key."""
+        got = limits(fst_bin, a.path, a.device)
+        print(f"{label}: {got}", flush=True)
+        return {k: got[k] for k in ("pread", "pinned_copy") if got.get(k)}
+
     def dump():
         # after every pass, so that a run cut short keeps what it measured
         if a.json:
@@ -528,17 +538,15 @@ def main():
             timed = {}  # this round's seconds of each loader, pass by pass
             sweeps = a.passes if mode == "warm" else 1
             for sweep, name in ((k, n) for k in range(sweeps) for n in order):
+                if sweep and name == order[0] and warm_limits(lim):
+                    # the limits again before each sweep after the first (its
+                    # first loader, whether or not it runs warm), so that the
+                    # round's limit, as its loaders' figures, is a median over
+                    # the same stretch of time
+                    for k, v in again(f"round {r + 1} limits before sweep {sweep + 1}").items():
+                        lim.setdefault(k + "_between", []).append(v)
                 if mode == "warm" and name in PATTERNS:
                     continue
-                if sweep and name == order[0] and lim and "error" not in lim:
-                    # the limits again before each sweep after the first, so that
-                    # the round's limit, as its loaders' figures, is a median
-                    # over the same stretch of time
-                    mid = limits(fst_bin, a.path, a.device)
-                    for k in ("pread", "pinned_copy"):
-                        if mid.get(k):
-                            lim.setdefault(k + "_between", []).append(mid[k])
-                    print(f"round {r + 1} limits before sweep {sweep + 1}: {mid}", flush=True)
                 t_pass = time.perf_counter()
                 if mode == "warm":
                     warm(files)
@@ -571,14 +579,11 @@ def main():
                       f"{nbytes / res['seconds'] / 1e9:.2f} GB/s (pass {passes[-1]['seconds']} s"
                       f"{stolen})", flush=True)
                 dump()
-            if mode == "warm" and lim and "error" not in lim:
+            if mode == "warm" and warm_limits(lim):
                 # again after the round's last warm pass (before any cold one
                 # empties the page cache): how far the machine moved meanwhile
-                end = limits(fst_bin, a.path, a.device)
-                for k in ("pread", "pinned_copy"):
-                    if end.get(k):
-                        lim[k + "_end"] = end[k]
-                print(f"round {r + 1} limits at the end: {end}", flush=True)
+                for k, v in again(f"round {r + 1} limits at the end").items():
+                    lim[k + "_end"] = v
                 dump()
 
     nrounds = len(lims)

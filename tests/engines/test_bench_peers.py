@@ -152,6 +152,19 @@ def test_passes_give_each_round_the_median_of_its_sweeps(ckpt, tmp_path):
         r.stdout.index("round 1 limits before sweep 3: ") < r.stdout.index("round 1 limits at the end")
 
 
+def test_limits_between_sweeps_when_a_read_pattern_leads_the_order(ckpt, tmp_path):
+    """A read pattern (cold only) first in the order: the limits are still
+    measured before the second sweep."""
+    out = tmp_path / "peers.json"
+    r = run_peers(ckpt[0], "--device", "cpu", "--rounds", "1", "--no-cold", "--passes", "2",
+                  "--fst-bin", os.environ.get("FST_BIN", "build/fst"),
+                  "--only", "read:willneed,fst.load", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    lim = json.loads(out.read_text())["limits"][0]
+    assert len(lim["pread_between"]) == 1 and lim["pread_between"][0] > 0, lim
+    assert "round 1 limits before sweep 2: " in r.stdout, r.stdout
+
+
 def test_passes_below_one_are_refused(ckpt):
     r = run_peers(ckpt[0], "--device", "cpu", "--no-cold", "--only", "fst.load", "--passes", "0")
     assert r.returncode != 0 and "--passes: 0: 1 or more" in r.stderr, r.stderr
