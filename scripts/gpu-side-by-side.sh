@@ -35,6 +35,9 @@
 #   STEP=5  one cold round on both into host memory (--device cpu:
 #           peers-MODEL-cold-cpu.*), the loaders of COLD_CPU (run it once per
 #           round, as STEP=2); GPU_SUITE as in STEP=2
+#   STEP=7  the warm pipeline taken apart on gpt-oss-20b in the page cache
+#           (pipeline.txt: scripts/gpu-pipeline.sh, bench/pipeline_probe.c);
+#           on a bare machine the wheel and both checkpoints first
 #   STEP=6  the side-by-side in one call, for a session whose device time
 #           holds one call and no more: STEP=1 with one warm round
 #           (WARM_ROUNDS=1 unless set) in the call's first 300 s (WARM_S),
@@ -52,7 +55,7 @@
 # are checked in its first warm pass, fst's also in its first cold pass. Each
 # step copies what it touched to OUT (at most 8 files).
 set -uo pipefail
-STEP=${STEP:?STEP=1, 2, 3, 4, 5 or 6}
+STEP=${STEP:?STEP=1, 2, 3, 4, 5, 6 or 7}
 OUT=${OUT:-/tmp/fst-sbs-out}
 WORK=${WORK:-/tmp/fst-cold-work}
 RES=$WORK/sbs # the runs' files, kept between steps
@@ -132,7 +135,7 @@ case $STEP in
 		;;
 	esac
 	;;
-2 | 3 | 5)
+2 | 3 | 5 | 7)
 	# A machine given back since STEP=1 comes back bare: the wheel and the
 	# checkpoints again, before the timed parts (machine.txt says so)
 	if ! python3 -c 'import fst' 2>/dev/null; then
@@ -155,6 +158,10 @@ case $STEP in
 		[ "$STEP" = 5 ] && mode=cold-cpu
 		peers gpt-oss-20b $mode 260
 		peers llama3-8b $mode "$(left 60)"
+	fi
+	if [ "$STEP" = 7 ]; then
+		timeout "$(left 30)" bash scripts/gpu-pipeline.sh "$WORK/ck/gpt-oss-20b" \
+			>"$OUT/pipeline.txt" 2>&1
 	fi
 	if [ "$STEP" = 3 ] || [ "${ALSO_FIRST_LOAD:-0}" = 1 ]; then
 		# where a process's first load loses time against its later ones:
@@ -192,7 +199,7 @@ case $STEP in
 	done >"$OUT/replicas.txt" 2>&1
 	;;
 *)
-	echo "gpu-side-by-side: STEP=$STEP: 1, 2, 3, 4, 5 or 6" >&2
+	echo "gpu-side-by-side: STEP=$STEP: 1, 2, 3, 4, 5, 6 or 7" >&2
 	exit 2
 	;;
 esac
