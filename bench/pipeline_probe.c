@@ -22,7 +22,10 @@
  *   --threads N (12)  --slots S (3)  --chunk BYTES (3637248: 128 MiB over
  *   12 workers' 3 slots, fst's page-cache staging)  --runs R (3)
  *   --device I (0)  --shared-stream (pipeline: one stream for all workers)
- *   --blocking (events wait by sleeping, not spinning)  --seconds S (2)
+ *   --blocking (events wait by sleeping, not spinning)  --deferred
+ *   (pipeline: a chunk's copy queued only after the worker's next read, as
+ *   fst's slot loop did with a synchronous reader and two reads "in flight";
+ *   at least 3 slots)  --seconds S (2)
  *   --check (pipeline: the device buffer read back and compared with the
  *   files after the last run)
  *
@@ -193,7 +196,7 @@ struct opts {
 	unsigned threads, slots, runs;
 	uint64_t chunk;
 	double seconds;
-	bool shared_stream, blocking, check;
+	bool shared_stream, blocking, check, deferred;
 	int device;
 };
 
@@ -238,6 +241,21 @@ static void *pread_worker(void *arg)
 	}
 }
 
+/* A chunk read into a slot and not yet copied (pipeline --deferred). */
+struct held {
+	bool valid;
+	unsigned slot;
+	uint64_t dst, len;
+};
+
+/* The chunk's copy queued on the stream, and the slot's event after it. */
+static void queue_copy(struct run *r, CUstream s, CUevent ev, uint64_t dst, const char *src,
+		       uint64_t len)
+{
+	cuda_check(cu.MemcpyHtoDAsync(r->dev_dst + dst, src, len, s), "cuMemcpyHtoDAsync");
+	cuda_check(cu.EventRecord(ev, s), "cuEventRecord");
+}
+
 /* slots and pipeline: a worker's chunks go through its own slots in turn */
 static void *slot_worker(void *arg)
 {
@@ -257,6 +275,8 @@ static void *slot_worker(void *arg)
 		for (unsigned i = 0; i < o->slots; i++)
 			cuda_check(cu.EventCreate(&ev[i], flags), "cuEventCreate");
 	}
+	/* --deferred: the chunk read last, whose copy waits for this read */
+	struct held held = {0};
 	for (unsigned turn = 0;; turn = (turn + 1) % o->slots) {
 		uint64_t k = atomic_fetch_add(&r->next, 1), off, len;
 		size_t f;
@@ -268,13 +288,24 @@ static void *slot_worker(void *arg)
 			cuda_check(cu.EventSynchronize(ev[turn]), "cuEventSynchronize");
 		pending[turn] = false;
 		read_all(r->fs, f, off, len, slot);
-		if (copy) {
-			cuda_check(cu.MemcpyHtoDAsync(r->dev_dst + r->fs->offset[f] + off, slot,
-						      len, s),
-				   "cuMemcpyHtoDAsync");
-			cuda_check(cu.EventRecord(ev[turn], s), "cuEventRecord");
-			pending[turn] = true;
+		if (!copy)
+			continue;
+		struct held now = {true, turn, r->fs->offset[f] + off, len};
+		if (o->deferred) {
+			struct held was = held;
+			held = now;
+			now = was;
 		}
+		if (now.valid) {
+			queue_copy(r, s, ev[now.slot], now.dst, mine + (uint64_t)now.slot * o->chunk,
+				   now.len);
+			pending[now.slot] = true;
+		}
+	}
+	if (held.valid) {
+		queue_copy(r, s, ev[held.slot], held.dst, mine + (uint64_t)held.slot * o->chunk,
+			   held.len);
+		pending[held.slot] = true;
 	}
 	for (unsigned i = 0; copy && i < o->slots; i++) {
 		if (pending[i])
@@ -376,19 +407,19 @@ static int by_value(const void *a, const void *b)
 static void usage(void)
 {
 	fprintf(stderr, "usage: pipeline_probe [--threads N] [--slots S] [--chunk BYTES] "
-			"[--runs R] [--device I] [--shared-stream] [--blocking] "
+			"[--runs R] [--device I] [--shared-stream] [--blocking] [--deferred] "
 			"[--seconds S] [--check] pread|h2d|pread+h2d|slots|pipeline FILE...\n");
 	exit(2);
 }
 
 int main(int argc, char **argv)
 {
-	struct opts o = {12, 3, 3, 3637248, 2.0, false, false, false, 0};
+	struct opts o = {12, 3, 3, 3637248, 2.0, false, false, false, false, 0};
 	static const struct option longs[] = {
 		{"threads", 1, 0, 't'}, {"slots", 1, 0, 's'},     {"chunk", 1, 0, 'c'},
 		{"runs", 1, 0, 'r'},    {"device", 1, 0, 'd'},    {"seconds", 1, 0, 'S'},
 		{"shared-stream", 0, 0, 'x'}, {"blocking", 0, 0, 'b'}, {"check", 0, 0, 'k'},
-		{0, 0, 0, 0}};
+		{"deferred", 0, 0, 'D'}, {0, 0, 0, 0}};
 	int c;
 	while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
 		switch (c) {
@@ -401,6 +432,7 @@ int main(int argc, char **argv)
 		case 'x': o.shared_stream = true; break;
 		case 'b': o.blocking = true; break;
 		case 'k': o.check = true; break;
+		case 'D': o.deferred = true; break;
 		default: usage();
 		}
 	}
@@ -411,6 +443,7 @@ int main(int argc, char **argv)
 		known = known || !strcmp(mode, modes[i]);
 	if (!known || optind >= argc || !o.threads || !o.slots || o.slots > MAX_SLOTS ||
 	    o.chunk < 4096 || !o.runs || o.runs > 64 || o.seconds <= 0 ||
+	    (o.deferred && o.slots < 3) ||
 	    (o.check && strcmp(mode, "pipeline")))
 		usage();
 
@@ -469,10 +502,11 @@ int main(int argc, char **argv)
 		check = rc ? ", \"check\": \"bytes differ\"" : ", \"check\": \"bytes equal\"";
 	}
 	printf("{\"mode\": \"%s\", \"threads\": %u, \"slots\": %u, \"chunk\": %" PRIu64
-	       ", \"shared_stream\": %s, \"blocking\": %s, \"bytes\": %" PRIu64
+	       ", \"shared_stream\": %s, \"blocking\": %s, \"deferred\": %s, \"bytes\": %" PRIu64
 	       ", \"runs\": %u, \"best_gbps\": %.3f, \"median_gbps\": %.3f",
 	       mode, o.threads, o.slots, o.chunk, o.shared_stream ? "true" : "false",
-	       o.blocking ? "true" : "false", fs.total, o.runs, sorted[o.runs - 1],
+	       o.blocking ? "true" : "false", o.deferred ? "true" : "false", fs.total, o.runs,
+	       sorted[o.runs - 1],
 	       (sorted[(o.runs - 1) / 2] + sorted[o.runs / 2]) / 2);
 	if (!strcmp(mode, "pread+h2d"))
 		printf(", \"copier_best_gbps\": %.3f", best_copier);

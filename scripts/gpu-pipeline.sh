@@ -3,7 +3,8 @@
 # built and swept over one checkpoint in the page cache (docs/design.md,
 # "Past the copy limit"): the CPU's copies out of the page cache alone, the
 # copy engine alone, both at once, and fst's warm pipeline bare, its shape
-# (workers, slots, chunk, streams, event waits) varied one thing at a time,
+# (workers, slots, chunk, streams, event waits, a copy queued at once or
+# after the next read as fst's slot loop did) varied one thing at a time,
 # the default shape again every few rows to show the machine's drift.
 #   bash scripts/gpu-pipeline.sh CKPT_DIR >pipeline.txt
 # RUNS (default 5) runs a row, each row's figure their median (JSON line).
@@ -20,6 +21,7 @@ cat "${files[@]}" >/dev/null # in the page cache
 def="--threads 12 --slots 3 --chunk 3637248"
 rows=(
 	"pipeline $def"
+	"pipeline $def --deferred"
 	"pread --threads 16 --chunk 16777216"
 	"pread --threads 12 --chunk 3637248"
 	"h2d --seconds 2"
@@ -38,12 +40,14 @@ rows=(
 	"pipeline --threads 10 --slots 3 --chunk 3637248"
 	"pipeline --threads 14 --slots 3 --chunk 3637248"
 	"pipeline $def"
+	"pipeline $def --deferred"
 	"pipeline $def --shared-stream"
 	"pipeline $def --blocking"
 	"pipeline --threads 12 --slots 3 --chunk 1818624"
 	"pipeline --threads 12 --slots 3 --chunk 16777216"
 	"pipeline --threads 12 --slots 4 --chunk 2727936"
 	"pipeline $def"
+	"pipeline $def --deferred"
 )
 echo "# $(date -u +%FT%TZ) ${#files[@]} files, $(du -cb "${files[@]}" | tail -1 | cut -f1) bytes, $RUNS runs a row"
 for row in "${rows[@]}"; do

@@ -92,6 +92,13 @@ struct fsti_reader {
 	bool exact_reads;
 	/* The host staging budget it works best with by default. */
 	uint64_t default_staging;
+	/* Whether start returns with the read done (pread, ranged GETs). Slots
+	 * are then delivered as soon as they are read: a done read held back
+	 * for the worker's next one only delays its copy to the GPU, and
+	 * leaves the copy engine one read's time instead of two before the
+	 * worker waits for the slot again (docs/design.md, "Past the copy
+	 * limit"). */
+	bool reads_at_start;
 	int (*worker_init)(const struct fsti_source *src, void **state, fst_error *err);
 	int (*read_exact)(const struct fsti_source *src, void *state, uint32_t file, uint64_t off,
 			  uint64_t len, void *dst, fst_error *err);

@@ -121,6 +121,7 @@ const struct fsti_reader fsti_reader_pread = {
 	.name = "pread",
 	.exact_reads = true,
 	.default_staging = FSTI_STAGING_CACHED,
+	.reads_at_start = true,
 	.worker_init = pread_init,
 	.read_exact = pread_read,
 	.start = pread_start,

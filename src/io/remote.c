@@ -69,6 +69,7 @@ const struct fsti_reader fsti_reader_remote = {
 	.exact_reads = true,
 	/* a GPU's landing slots: big requests amortise each one's round trip */
 	.default_staging = FSTI_STAGING_DIRECT,
+	.reads_at_start = true,
 	.worker_init = remote_init,
 	.read_exact = remote_read,
 	.start = remote_start,

@@ -140,10 +140,10 @@ static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 }
 
 /*
- * Slot mode: up to e->reads_in_flight reads (by default FSTI_SLOTS - 1) in
- * flight, the oldest delivered first; the spare slot's bytes may still be in
- * flight to the destination (a GPU copy), and the sink waits for that copy
- * before the slot is reused.
+ * Slot mode: up to e->reads_in_flight reads in flight (default_depth), the
+ * oldest delivered first; the other slots' bytes may still be on their way
+ * to the destination (a GPU copy), and the sink waits for that copy before
+ * a slot is reused.
  */
 static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_error *err)
 {
@@ -306,14 +306,23 @@ static int choose_remote(struct fsti_engine *e, const fst_load_opts *asked, fst_
 	return 0;
 }
 
+/* The reads a worker keeps in flight unless FST_READS_IN_FLIGHT says: a
+ * reader whose start returns with the read done delivers each slot at once
+ * (io.h), an asynchronous one keeps FSTI_SLOTS - 1 reads going while the
+ * spare slot's bytes may still be on their way to a GPU. */
+static unsigned default_depth(const struct fsti_engine *e)
+{
+	return e->reader && e->reader->reads_at_start ? 1 : FSTI_SLOTS - 1;
+}
+
 /* FST_READS_IN_FLIGHT: 1 (each worker waits for its read before the next,
- * as fastsafetensors' threads do), FSTI_SLOTS - 1 (the default: the spare
- * slot's bytes may still be on their way to a GPU) or FSTI_SLOTS (every
- * slot reading; onto a GPU a read then waits for its slot's copy) */
+ * as fastsafetensors' threads do), 2 or FSTI_SLOTS (every slot reading;
+ * onto a GPU a read then waits for its slot's copy); 0 where unset, for
+ * default_depth once the reader is chosen */
 static int reads_in_flight(unsigned *out, fst_error *err)
 {
 	const char *v = fsti_env(FSTI_ENV_READS_IN_FLIGHT);
-	*out = FSTI_SLOTS - 1;
+	*out = 0;
 	if (!v || !*v)
 		return 0;
 	if (v[0] >= '1' && v[0] <= '0' + FSTI_SLOTS && !v[1]) {
@@ -438,11 +447,15 @@ static void describe(struct fsti_engine *e)
 		memcpy(streams, ", streams of ", 14);
 		fsti_size_text(streams + 13, sizeof streams - 13, (uint64_t)e->run_chunks * e->opts.chunk_bytes);
 	}
-	/* FST_READS_IN_FLIGHT other than the default, where slots are read */
-	_Static_assert(FSTI_SLOTS == 3, "the description names three reads");
-	const char *depth = !e->sink || e->reads_in_flight == FSTI_SLOTS - 1 ? ""
-			    : e->reads_in_flight == 1 ? ", one read in flight per thread"
-						      : ", three reads in flight per thread";
+	/* FST_READS_IN_FLIGHT other than the reader's default, where slots
+	 * are read */
+	_Static_assert(FSTI_SLOTS == 3, "the description names up to three reads");
+	static const char *const depths[] = {"", ", one read in flight per thread",
+					     ", two reads in flight per thread",
+					     ", three reads in flight per thread"};
+	const char *depth = !e->sink || e->reads_in_flight == default_depth(e)
+				    ? ""
+				    : depths[e->reads_in_flight];
 	/* the page-cache mode, where io_uring reads */
 	const char *cache = e->reader == &fsti_reader_uring ? fsti_page_cache_text(e->page_cache) : "";
 	snprintf(e->describe, sizeof e->describe,
@@ -515,6 +528,8 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	if (!rc)
 		rc = fsti_checkpoint_is_remote(ck) ? choose_remote(e, opts, err)
 						   : choose_io(e, err);
+	if (!rc && !e->reads_in_flight)
+		e->reads_in_flight = default_depth(e);
 	if (!rc)
 		rc = check_files_unchanged(ck, "since it was opened", err);
 	/* Cold reads wait on the disk, not on the CPUs: enough of them in

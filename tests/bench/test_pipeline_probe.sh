@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/pipeline_probe against the libcuda double, whose late copies poison
 # their destinations until done: every mode runs, the pipeline's bytes read
-# back equal the files' (a slot reused before its event, or a copy counted
+# back equal the files' (four shapes, --deferred among them) (a slot reused before its event, or a copy counted
 # before it lands, reads poison), and bad usage exits 2.
 #   test_pipeline_probe.sh PROBE LIBCUDA_DOUBLE
 set -euo pipefail
@@ -14,7 +14,8 @@ head -c 777777 /dev/urandom >"$dir/b"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 for args in "--threads 3 --chunk 1000000" "--threads 2 --slots 5 --chunk 65536" \
-	"--threads 4 --slots 2 --chunk 300000 --shared-stream --blocking"; do
+	"--threads 4 --slots 2 --chunk 300000 --shared-stream --blocking" \
+	"--threads 3 --slots 4 --chunk 500000 --deferred"; do
 	# shellcheck disable=SC2086
 	out=$("$PROBE" $args --runs 2 --check pipeline "$dir/a" "$dir/b") ||
 		fail "pipeline $args: exit $?: $out"
@@ -32,6 +33,8 @@ rc=0; "$PROBE" nonsense "$dir/a" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "an unknown mode exits $rc, not 2"
 rc=0; "$PROBE" --check slots "$dir/a" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "--check outside pipeline exits $rc, not 2"
+rc=0; "$PROBE" --deferred --slots 2 pipeline "$dir/a" 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "--deferred with 2 slots exits $rc, not 2"
 rc=0; "$PROBE" pipeline "$dir/missing" 2>/dev/null || rc=$?
 [ "$rc" = 3 ] || fail "a missing file exits $rc, not 3"
 echo "pipeline_probe: every mode ran; the pipeline's bytes equal the files'"

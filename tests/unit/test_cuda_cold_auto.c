@@ -11,6 +11,7 @@
  * error naming the variable. FST_READS_IN_FLIGHT=1 (fastsafetensors'
  * pattern with streams: each worker waits for its read) reads the same
  * bytes, whole and streamed, and says so, as does 3 (every slot reading);
+ * pread onto a GPU delivers each slot as it is read unless told otherwise;
  * a value other than 1 to 3 is a usage error; each read failing in turn fails the load cleanly; a load
  * freed at once stops. Every tensor of every load equals the file. */
 #include "cuda_helpers.h"
@@ -220,8 +221,9 @@ static void test_page_cache_modes(void **state)
 }
 
 /* One read in flight per worker, in streams of their own (fastsafetensors'
- * pattern): the same bytes, whole and streamed; the default, 2, says
- * nothing; another value is refused; each read failing in turn fails
+ * pattern): the same bytes, whole and streamed; io_uring's default, 2, says
+ * nothing, nor does pread's, 1 (its reads are done when they start), where
+ * 2 and 3 say so; another value is refused; each read failing in turn fails
  * the load cleanly; a load freed at once stops. */
 static void test_reads_in_flight(void **state)
 {
@@ -262,6 +264,35 @@ static void test_reads_in_flight(void **state)
 	h.device = "cpu";
 	h.io = FST_IO_PREAD;
 	load_says(&h, false, "pread", "in flight", "cpu, one read in flight");
+	/* pread onto a GPU, from the page cache: a read is done when it
+	 * starts, so its slot is delivered at once by default (nothing said);
+	 * two or three held back say so, and every count reads the same
+	 * bytes, whole and streamed */
+	fst_load_opts g = o;
+	g.io = FST_IO_PREAD;
+	unsetenv("FST_READS_IN_FLIGHT");
+	load_says(&g, false, "pread|streams of 256 KiB", "in flight", "pread, default depth");
+	static const char *const held[][2] = {{"1", NULL},
+					      {"2", "two reads in flight per thread"},
+					      {"3", "three reads in flight per thread"}};
+	for (size_t d = 0; d < sizeof held / sizeof *held; d++) {
+		setenv("FST_READS_IN_FLIGHT", held[d][0], 1);
+		for (unsigned k = 0; k < 6; k++) {
+			unsigned t = 1u << (2 * (k / 2)); /* 1, 4, 16 threads */
+			bool streamed = k % 2;
+			g.threads = t;
+			fst_buffer *buf;
+			fst_error err;
+			if (ch_load_whole_or_streamed(&c, &g, streamed, &buf, &err))
+				fail_msg("pread, %u threads, %s in flight, %s: %s", t, held[d][0],
+					 streamed ? "streamed" : "whole", err.message);
+			const char *say = fst_buffer_describe(buf);
+			if (held[d][1] ? !strstr(say, held[d][1]) : strstr(say, "in flight") != NULL)
+				fail_msg("pread, %s in flight: \"%s\"", held[d][0], say);
+			fst_buffer_release(buf);
+			ch_assert_clean("pread, reads in flight", c.host_base);
+		}
+	}
 	unsetenv("FST_READS_IN_FLIGHT");
 
 	const char *const bad[] = {"0", "4", "12", "one", "-1", " 1"};
