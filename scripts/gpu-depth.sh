@@ -7,7 +7,9 @@
 # then in alternating rounds: bench/pipeline_probe's bare pipeline both ways,
 # and `fst bench --no-cold` onto cuda:0 both ways (fst's warm load, best of
 # RUNS, beside the pread and pinned copy limits measured in the same process).
-# Writes OUT/depth.txt as it goes (and OUT/machine.txt, OUT/wheel.txt).
+# GEN_SIZE=4GiB writes `fst gen`'s checkpoint of that size instead, for a call
+# too short for the model-shaped one. Writes OUT/depth.txt as it goes (and
+# OUT/machine.txt, OUT/wheel.txt).
 set -uo pipefail
 OUT=${OUT:?OUT}
 WORK=${WORK:-/tmp/fst-cold-work}
@@ -17,6 +19,11 @@ mkdir -p "$OUT" "$WORK/ck"
 OUT=$OUT bash scripts/gpu-install.sh
 fst=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/fst
 ck=$WORK/ck/gpt-oss-20b
+if [ -n "${GEN_SIZE:-}" ]; then
+	# a call too short for the model-shaped checkpoint: fst gen's, misaligned
+	ck=$WORK/ck/gen-$GEN_SIZE
+	[ -d "$ck" ] || "$fst" gen "$ck" --size "$GEN_SIZE" --shards 3 --misaligned >>"$OUT/machine.txt" 2>&1
+fi
 [ -d "$ck" ] || python3 bench/make_checkpoints.py "$WORK/ck" --only gpt-oss-20b >>"$OUT/machine.txt" 2>&1
 files=("$ck"/*.safetensors)
 cat "${files[@]}" >/dev/null
