@@ -11,7 +11,8 @@
  * error naming the variable. FST_READS_IN_FLIGHT=1 (fastsafetensors'
  * pattern with streams: each worker waits for its read) reads the same
  * bytes, whole and streamed, and says so, as does 3 (every slot reading);
- * pread onto a GPU delivers each slot as it is read unless told otherwise;
+ * pread onto a GPU delivers each slot as it is read unless told otherwise
+ * (with its second read failing, its first chunk was already handed on);
  * a value other than 1 to 3 is a usage error; each read failing in turn fails the load cleanly; a load
  * freed at once stops. Every tensor of every load equals the file. */
 #include "cuda_helpers.h"
@@ -220,6 +221,18 @@ static void test_page_cache_modes(void **state)
 	ch_assert_clean("bad FST_URING_PAGE_CACHE", c.host_base);
 }
 
+/* on_landed that counts its calls (the hand-off test below) */
+static int count_landed(void *ctx, size_t tensor, uint64_t offset, const void *bytes,
+			uint64_t len)
+{
+	(void)tensor;
+	(void)offset;
+	(void)bytes;
+	(void)len;
+	++*(unsigned *)ctx;
+	return 0;
+}
+
 /* One read in flight per worker, in streams of their own (fastsafetensors'
  * pattern): the same bytes, whole and streamed; io_uring's default, 2, says
  * nothing, nor does pread's, 1 (its reads are done when they start), where
@@ -292,6 +305,36 @@ static void test_reads_in_flight(void **state)
 			fst_buffer_release(buf);
 			ch_assert_clean("pread, reads in flight", c.host_base);
 		}
+	}
+	/* The hand-off itself, one worker, its second read failing: a slot
+	 * handed on as soon as it is read has shown its bytes (on_landed
+	 * reports them when their copies are queued) before that failure;
+	 * held back for the next read (2, the way before), never. */
+	fst_load_opts one = g;
+	one.threads = 1;
+	one.stream_bytes = 0;
+	unsigned landed = 0;
+	one.on_landed = count_landed;
+	one.on_landed_ctx = &landed;
+	static const char *const ways[] = {"unset", "2"}; /* the default, the way before */
+	for (int w = 0; w < 2; w++) {
+		if (w == 0)
+			unsetenv("FST_READS_IN_FLIGHT");
+		else
+			setenv("FST_READS_IN_FLIGHT", ways[w], 1);
+		landed = 0;
+		fst_error err;
+		assert_int_equal(fst_fault_set("read:2", &err), 0);
+		fst_buffer *buf = NULL;
+		int rc = fst_load(c.ck, &one, &buf, &err);
+		assert_int_equal(fst_fault_set(NULL, NULL), 0);
+		assert_int_equal(rc, FST_EIO);
+		assert_null(buf);
+		if (w == 0 ? landed == 0 : landed != 0)
+			fail_msg("pread, FST_READS_IN_FLIGHT=%s: %u on_landed calls before the "
+				 "second read failed",
+				 ways[w], landed);
+		ch_assert_clean("pread, the second read failing", c.host_base);
 	}
 	unsetenv("FST_READS_IN_FLIGHT");
 
