@@ -10,17 +10,20 @@
  *
  *   pipeline_probe [options] MODE FILE...
  *   MODE  pread      workers pread chunks into one faulted-in buffer of the
- *                    files' size (fst bench's pread limit)
- *         h2d        one thread copies 16 MiB pieces of a 1 GiB pinned
+ *                    files' size (fst bench's pread limit with --threads 16
+ *                    --chunk 16777216)
+ *         h2d        one thread copies 16 MiB pieces of a 256 MiB pinned
  *                    buffer to the device, over and over, for --seconds
  *         pread+h2d  pread, and h2d beside it for as long as the reads run:
  *                    each one's rate while they share the machine
  *         slots      workers pread chunks into their own pinned slots, in
- *                    turn, with no copies
+ *                    turn, with no copies (the slots, as fst's staging: an
+ *                    anonymous mapping advised for 2 MiB pages, faulted in,
+ *                    then registered with cuMemHostRegister)
  *         pipeline   slots, each chunk copied to its place in one device
  *                    buffer of the files' size; a slot reused after its event
- *   --threads N (12)  --slots S (3)  --chunk BYTES (3637248: 128 MiB over
- *   12 workers' 3 slots, fst's page-cache staging)  --runs R (3)
+ *   --threads N (12)  --slots S (3)  --chunk BYTES (3727360: 128 MiB over
+ *   12 workers' 3 slots, in 4 KiB, as fst's page-cache staging cuts it)  --runs R (3)
  *   --device I (0)  --shared-stream (pipeline: one stream for all workers)
  *   --blocking (events wait by sleeping, not spinning)  --deferred
  *   (pipeline: a chunk's copy queued only after the worker's next read, as
@@ -51,13 +54,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MAX_SLOTS 16
 #define COPY_PIECE (16ull << 20)
-#define COPY_BUFFER (1ull << 30)
+#define COPY_BUFFER (256ull << 20)
 
 /* ---- libcuda, opened at run time */
 
@@ -70,6 +74,8 @@ static struct {
 	CUresult (*MemFree)(CUdeviceptr);
 	CUresult (*MemHostAlloc)(void **, size_t, unsigned);
 	CUresult (*MemFreeHost)(void *);
+	CUresult (*MemHostRegister)(void *, size_t, unsigned);
+	CUresult (*MemHostUnregister)(void *);
 	CUresult (*StreamCreate)(CUstream *, unsigned);
 	CUresult (*StreamSynchronize)(CUstream);
 	CUresult (*StreamDestroy)(CUstream);
@@ -116,6 +122,8 @@ static void cuda_open(int device)
 	SYM(MemFree, "cuMemFree_v2");
 	SYM(MemHostAlloc, "cuMemHostAlloc");
 	SYM(MemFreeHost, "cuMemFreeHost");
+	SYM(MemHostRegister, "cuMemHostRegister_v2");
+	SYM(MemHostUnregister, "cuMemHostUnregister");
 	SYM(StreamCreate, "cuStreamCreate");
 	SYM(StreamSynchronize, "cuStreamSynchronize");
 	SYM(StreamDestroy, "cuStreamDestroy_v2");
@@ -326,19 +334,24 @@ static void *copier(void *arg)
 	CUstream s;
 	cuda_check(cu.CtxSetCurrent(ctx), "cuCtxSetCurrent");
 	cuda_check(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-	uint64_t bytes = 0;
-	double t0 = now();
-	while (alone ? now() - t0 < r->o->seconds : !atomic_load(&r->readers_done)) {
-		/* a quarter of the buffer per round keeps the queue short, so the
-		 * copier stops soon after the readers */
-		for (uint64_t off = 0; off < COPY_BUFFER / 4; off += COPY_PIECE)
+	uint64_t bytes = 0, round = 4 * COPY_PIECE;
+	double t0 = now(), t1 = t0;
+	for (uint64_t at = 0;; at = (at + round) % COPY_BUFFER) {
+		if (alone ? now() - t0 >= r->o->seconds : atomic_load(&r->readers_done))
+			break;
+		/* short rounds: the copier stops soon after the readers */
+		for (uint64_t off = at; off < at + round; off += COPY_PIECE)
 			cuda_check(cu.MemcpyHtoDAsync(r->copy_dst + off, r->copy_src + off,
 						      COPY_PIECE, s),
 				   "cuMemcpyHtoDAsync");
 		cuda_check(cu.StreamSynchronize(s), "cuStreamSynchronize");
-		bytes += COPY_BUFFER / 4;
+		/* beside the readers, only rounds done while they read count */
+		if (!alone && atomic_load(&r->readers_done))
+			break;
+		bytes += round;
+		t1 = now();
 	}
-	r->copier_gbps = (double)bytes / (now() - t0) / 1e9;
+	r->copier_gbps = t1 > t0 ? (double)bytes / (t1 - t0) / 1e9 : 0;
 	cuda_check(cu.StreamDestroy(s), "cuStreamDestroy");
 	return NULL;
 }
@@ -404,6 +417,14 @@ static int by_value(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/* A whole number from 1 to 4096, else 0 (refused as usage). */
+static unsigned count_arg(const char *s)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+	return *s && !*end && v >= 1 && v <= 4096 ? (unsigned)v : 0;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: pipeline_probe [--threads N] [--slots S] [--chunk BYTES] "
@@ -414,7 +435,7 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-	struct opts o = {12, 3, 3, 3637248, 2.0, false, false, false, false, 0};
+	struct opts o = {12, 3, 3, 3727360, 2.0, false, false, false, false, 0};
 	static const struct option longs[] = {
 		{"threads", 1, 0, 't'}, {"slots", 1, 0, 's'},     {"chunk", 1, 0, 'c'},
 		{"runs", 1, 0, 'r'},    {"device", 1, 0, 'd'},    {"seconds", 1, 0, 'S'},
@@ -423,10 +444,10 @@ int main(int argc, char **argv)
 	int c;
 	while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
 		switch (c) {
-		case 't': o.threads = (unsigned)atoi(optarg); break;
-		case 's': o.slots = (unsigned)atoi(optarg); break;
+		case 't': o.threads = count_arg(optarg); break;
+		case 's': o.slots = count_arg(optarg); break;
 		case 'c': o.chunk = strtoull(optarg, NULL, 0); break;
-		case 'r': o.runs = (unsigned)atoi(optarg); break;
+		case 'r': o.runs = count_arg(optarg); break;
 		case 'd': o.device = atoi(optarg); break;
 		case 'S': o.seconds = atof(optarg); break;
 		case 'x': o.shared_stream = true; break;
@@ -444,6 +465,7 @@ int main(int argc, char **argv)
 	if (!known || optind >= argc || !o.threads || !o.slots || o.slots > MAX_SLOTS ||
 	    o.chunk < 4096 || !o.runs || o.runs > 64 || o.seconds <= 0 ||
 	    (o.deferred && o.slots < 3) ||
+	    ((o.deferred || o.shared_stream || o.blocking) && strcmp(mode, "pipeline")) ||
 	    (o.check && strcmp(mode, "pipeline")))
 		usage();
 
@@ -461,11 +483,18 @@ int main(int argc, char **argv)
 			die(3, "out of memory for the files' size", (long long)fs.total);
 		memset(r.host_dst, 0, fs.total);
 	}
+	size_t staging = (size_t)o.threads * o.slots * o.chunk;
 	if (slot_mode) {
-		cuda_check(cu.MemHostAlloc((void **)&r.pinned,
-					   (size_t)o.threads * o.slots * o.chunk, 0),
-			   "cuMemHostAlloc (slots)");
-		memset(r.pinned, 0, (size_t)o.threads * o.slots * o.chunk);
+		/* as fst's staging: 2 MiB pages where the kernel gives them,
+		 * faulted in, then pinned */
+		void *p = mmap(NULL, staging, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			       -1, 0);
+		if (p == MAP_FAILED)
+			die(3, "cannot map the slots", (long long)staging);
+		madvise(p, staging, MADV_HUGEPAGE);
+		memset(p, 0, staging);
+		r.pinned = p;
+		cuda_check(cu.MemHostRegister(r.pinned, staging, 0), "cuMemHostRegister (slots)");
 	}
 	if (!strcmp(mode, "pipeline")) {
 		cuda_check(cu.MemAlloc(&r.dev_dst, fs.total ? fs.total : 1), "cuMemAlloc");
@@ -516,8 +545,10 @@ int main(int argc, char **argv)
 		cuda_check(cu.MemFree(r.dev_dst), "cuMemFree");
 	if (r.copy_dst)
 		cuda_check(cu.MemFree(r.copy_dst), "cuMemFree");
-	if (r.pinned)
-		cuda_check(cu.MemFreeHost(r.pinned), "cuMemFreeHost");
+	if (r.pinned) {
+		cuda_check(cu.MemHostUnregister(r.pinned), "cuMemHostUnregister");
+		munmap(r.pinned, staging);
+	}
 	if (r.copy_src)
 		cuda_check(cu.MemFreeHost(r.copy_src), "cuMemFreeHost");
 	if (r.shared)

@@ -22,13 +22,16 @@ ck=$WORK/ck/gpt-oss-20b
 if [ -n "${GEN_SIZE:-}" ]; then
 	# a call too short for the model-shaped checkpoint: fst gen's, misaligned
 	ck=$WORK/ck/gen-$GEN_SIZE
-	[ -d "$ck" ] || "$fst" gen "$ck" --size "$GEN_SIZE" --shards 3 --misaligned >>"$OUT/machine.txt" 2>&1
+	[ -d "$ck" ] || "$fst" gen "$ck" --size "$GEN_SIZE" --shards 3 --misaligned \
+		>>"$OUT/machine.txt" 2>&1 || { echo "gpu-depth: fst gen failed" >&2; exit 3; }
 fi
-[ -d "$ck" ] || python3 bench/make_checkpoints.py "$WORK/ck" --only gpt-oss-20b >>"$OUT/machine.txt" 2>&1
+[ -d "$ck" ] || python3 bench/make_checkpoints.py "$WORK/ck" --only gpt-oss-20b >>"$OUT/machine.txt" 2>&1 ||
+	{ echo "gpu-depth: make_checkpoints failed" >&2; exit 3; }
 files=("$ck"/*.safetensors)
 cat "${files[@]}" >/dev/null
 probe=$WORK/pipeline_probe
-cc -std=c11 -O2 -I/usr/local/cuda/include bench/pipeline_probe.c -o "$probe" -ldl -lpthread
+cc -std=c11 -O2 -I"${CUDA_INC:-/usr/local/cuda/include}" bench/pipeline_probe.c -o "$probe" \
+	-ldl -lpthread || { echo "gpu-depth: the probe did not build" >&2; exit 3; }
 {
 	echo "# $(date -u +%FT%TZ) $ck: ${#files[@]} files"
 	for r in $(seq "$ROUNDS"); do

@@ -35,9 +35,6 @@
 #   STEP=5  one cold round on both into host memory (--device cpu:
 #           peers-MODEL-cold-cpu.*), the loaders of COLD_CPU (run it once per
 #           round, as STEP=2); GPU_SUITE as in STEP=2
-#   STEP=7  the warm pipeline taken apart on gpt-oss-20b in the page cache
-#           (pipeline.txt: scripts/gpu-pipeline.sh, bench/pipeline_probe.c);
-#           on a bare machine the wheel and both checkpoints first
 #   STEP=6  the side-by-side in one call, for a session whose device time
 #           holds one call and no more: STEP=1 with one warm round
 #           (WARM_ROUNDS=1 unless set) in the call's first 300 s (WARM_S),
@@ -48,6 +45,9 @@
 #           warm loaders (WARM=fst.load,fst.iter_into_params,
 #           instanttensor.buffered); a 348 s call held only the install,
 #           the checkpoints and one model's warm round
+#   STEP=7  the warm pipeline taken apart on gpt-oss-20b in the page cache
+#           (pipeline.txt: scripts/gpu-pipeline.sh, bench/pipeline_probe.c);
+#           on a bare machine the wheel and gpt-oss-20b first
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
 # pass took 10-15 s there, a cold one about 25 s: bench/results/
 # h200-2026-12-02-sbs); a cold round is one peers.py run continued with
@@ -142,7 +142,9 @@ case $STEP in
 		mkdir -p "$WORK/install"
 		OUT=$WORK/install bash scripts/gpu-install.sh
 		cat "$WORK/install/wheel.txt" "$WORK/install/machine.txt" >"$OUT/machine.txt"
-		python3 bench/make_checkpoints.py "$WORK/ck" >>"$OUT/machine.txt" 2>&1
+		only=() # STEP=7 reads gpt-oss-20b only
+		[ "$STEP" = 7 ] && only=(--only gpt-oss-20b)
+		python3 bench/make_checkpoints.py "$WORK/ck" "${only[@]}" >>"$OUT/machine.txt" 2>&1
 		sync
 	fi
 	# GPU_SUITE=PATH: the GPU suite built here (build/tests/test_gpu, copied

@@ -35,6 +35,10 @@ rc=0; "$PROBE" --check slots "$dir/a" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "--check outside pipeline exits $rc, not 2"
 rc=0; "$PROBE" --deferred --slots 2 pipeline "$dir/a" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "--deferred with 2 slots exits $rc, not 2"
+rc=0; "$PROBE" --blocking slots "$dir/a" 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "--blocking outside pipeline exits $rc, not 2"
+rc=0; "$PROBE" --threads -1 pipeline "$dir/a" 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "--threads -1 exits $rc, not 2"
 rc=0; "$PROBE" pipeline "$dir/missing" 2>/dev/null || rc=$?
 [ "$rc" = 3 ] || fail "a missing file exits $rc, not 3"
 echo "pipeline_probe: every mode ran; the pipeline's bytes equal the files'"

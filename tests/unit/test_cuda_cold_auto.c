@@ -235,8 +235,7 @@ static int count_landed(void *ctx, size_t tensor, uint64_t offset, const void *b
 
 /* One read in flight per worker, in streams of their own (fastsafetensors'
  * pattern): the same bytes, whole and streamed; io_uring's default, 2, says
- * nothing, nor does pread's, 1 (its reads are done when they start), where
- * 2 and 3 say so; another value is refused; each read failing in turn fails
+ * nothing; another value is refused; each read failing in turn fails
  * the load cleanly; a load freed at once stops. */
 static void test_reads_in_flight(void **state)
 {
@@ -277,12 +276,32 @@ static void test_reads_in_flight(void **state)
 	h.device = "cpu";
 	h.io = FST_IO_PREAD;
 	load_says(&h, false, "pread", "in flight", "cpu, one read in flight");
+
+	const char *const bad[] = {"0", "4", "12", "one", "-1", " 1"};
+	ch_cold_bad_env(&c, "FST_READS_IN_FLIGHT", bad, sizeof bad / sizeof *bad);
+	/* every read of the load failing in turn (its ring's set-up failing is
+	 * no different with one read in flight: test_engine_faults) */
+	ch_cold_fault_loop(&c, "FST_READS_IN_FLIGHT", "1", 256 << 10, "uring_complete", FST_EIO,
+			   "one read in flight per thread");
+	const unsigned threads[] = {1, 4, 16};
+	ch_cold_freed_at_once(&c, "FST_READS_IN_FLIGHT", "1", 64 << 10, threads,
+			      sizeof threads / sizeof *threads);
+}
+
+/* pread onto a GPU, from the page cache, needing neither io_uring nor
+ * eviction (so never skipped): each slot handed on as soon as it is read by
+ * default, 2 and 3 held back and said so; the hand-off itself. */
+static void test_pread_hand_off(void **state)
+{
+	(void)state;
 	/* pread onto a GPU, from the page cache: a read is done when it
 	 * starts, so its slot is delivered at once by default (nothing said);
 	 * two or three held back say so, and every count reads the same
 	 * bytes, whole and streamed */
-	fst_load_opts g = o;
-	g.io = FST_IO_PREAD;
+	fst_load_opts g;
+	ch_opts(&g, "cuda:0", FST_IO_PREAD, 4, 0);
+	g.chunk_bytes = 64 << 10;
+	g.stream_bytes = 256 << 10;
 	unsetenv("FST_READS_IN_FLIGHT");
 	load_says(&g, false, "pread|streams of 256 KiB", "in flight", "pread, default depth");
 	static const char *const held[][2] = {{"1", NULL},
@@ -337,16 +356,6 @@ static void test_reads_in_flight(void **state)
 		ch_assert_clean("pread, the second read failing", c.host_base);
 	}
 	unsetenv("FST_READS_IN_FLIGHT");
-
-	const char *const bad[] = {"0", "4", "12", "one", "-1", " 1"};
-	ch_cold_bad_env(&c, "FST_READS_IN_FLIGHT", bad, sizeof bad / sizeof *bad);
-	/* every read of the load failing in turn (its ring's set-up failing is
-	 * no different with one read in flight: test_engine_faults) */
-	ch_cold_fault_loop(&c, "FST_READS_IN_FLIGHT", "1", 256 << 10, "uring_complete", FST_EIO,
-			   "one read in flight per thread");
-	const unsigned threads[] = {1, 4, 16};
-	ch_cold_freed_at_once(&c, "FST_READS_IN_FLIGHT", "1", 64 << 10, threads,
-			      sizeof threads / sizeof *threads);
 }
 
 /* Replicas: another load of the same files (here a presence lock this
@@ -535,6 +544,7 @@ int main(void)
 		cmocka_unit_test_setup(test_where_auto_keeps_pread, ch_reset),
 		cmocka_unit_test_setup(test_page_cache_modes, ch_reset),
 		cmocka_unit_test_setup(test_reads_in_flight, ch_reset),
+		cmocka_unit_test_setup(test_pread_hand_off, ch_reset),
 		cmocka_unit_test_setup(test_replica_at_start, ch_reset),
 		cmocka_unit_test_setup(test_replica_arrives, ch_reset),
 		cmocka_unit_test_setup(test_partly_cached, ch_reset),
