@@ -256,12 +256,16 @@ struct held {
 	uint64_t dst, len;
 };
 
-/* The chunk's copy queued on the stream, and the slot's event after it. */
-static void queue_copy(struct run *r, CUstream s, CUevent ev, uint64_t dst, const char *src,
-		       uint64_t len)
+/* h's copy queued on the stream from its slot of mine, the slot's event
+ * recorded after it: the slot is pending until that event. */
+static void hand_on(const struct run *r, CUstream s, const struct held *h, const char *mine,
+		    CUevent *ev, bool *pending)
 {
-	cuda_check(cu.MemcpyHtoDAsync(r->dev_dst + dst, src, len, s), "cuMemcpyHtoDAsync");
-	cuda_check(cu.EventRecord(ev, s), "cuEventRecord");
+	cuda_check(cu.MemcpyHtoDAsync(r->dev_dst + h->dst, mine + (uint64_t)h->slot * r->o->chunk,
+				      h->len, s),
+		   "cuMemcpyHtoDAsync");
+	cuda_check(cu.EventRecord(ev[h->slot], s), "cuEventRecord");
+	pending[h->slot] = true;
 }
 
 /* slots and pipeline: a worker's chunks go through its own slots in turn */
@@ -304,17 +308,11 @@ static void *slot_worker(void *arg)
 			held = now;
 			now = was;
 		}
-		if (now.valid) {
-			queue_copy(r, s, ev[now.slot], now.dst, mine + (uint64_t)now.slot * o->chunk,
-				   now.len);
-			pending[now.slot] = true;
-		}
+		if (now.valid)
+			hand_on(r, s, &now, mine, ev, pending);
 	}
-	if (held.valid) {
-		queue_copy(r, s, ev[held.slot], held.dst, mine + (uint64_t)held.slot * o->chunk,
-			   held.len);
-		pending[held.slot] = true;
-	}
+	if (held.valid)
+		hand_on(r, s, &held, mine, ev, pending);
 	for (unsigned i = 0; copy && i < o->slots; i++) {
 		if (pending[i])
 			cuda_check(cu.EventSynchronize(ev[i]), "cuEventSynchronize");

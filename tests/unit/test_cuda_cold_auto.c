@@ -276,6 +276,7 @@ static void test_reads_in_flight(void **state)
 	h.device = "cpu";
 	h.io = FST_IO_PREAD;
 	load_says(&h, false, "pread", "in flight", "cpu, one read in flight");
+	unsetenv("FST_READS_IN_FLIGHT");
 
 	const char *const bad[] = {"0", "4", "12", "one", "-1", " 1"};
 	ch_cold_bad_env(&c, "FST_READS_IN_FLIGHT", bad, sizeof bad / sizeof *bad);
@@ -294,10 +295,7 @@ static void test_reads_in_flight(void **state)
 static void test_pread_hand_off(void **state)
 {
 	(void)state;
-	/* pread onto a GPU, from the page cache: a read is done when it
-	 * starts, so its slot is delivered at once by default (nothing said);
-	 * two or three held back say so, and every count reads the same
-	 * bytes, whole and streamed */
+	/* every count reads the same bytes, whole and streamed */
 	fst_load_opts g;
 	ch_opts(&g, "cuda:0", FST_IO_PREAD, 4, 0);
 	g.chunk_bytes = 64 << 10;
