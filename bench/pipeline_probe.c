@@ -463,8 +463,7 @@ int main(int argc, char **argv)
 	if (!known || optind >= argc || !o.threads || !o.slots || o.slots > MAX_SLOTS ||
 	    o.chunk < 4096 || !o.runs || o.runs > 64 || o.seconds <= 0 ||
 	    (o.deferred && o.slots < 3) ||
-	    ((o.deferred || o.shared_stream || o.blocking) && strcmp(mode, "pipeline")) ||
-	    (o.check && strcmp(mode, "pipeline")))
+	    ((o.deferred || o.shared_stream || o.blocking || o.check) && strcmp(mode, "pipeline")))
 		usage();
 
 	struct files fs = {0};

@@ -333,12 +333,12 @@ static void test_pread_hand_off(void **state)
 	unsigned landed = 0;
 	one.on_landed = count_landed;
 	one.on_landed_ctx = &landed;
-	static const char *const ways[] = {"unset", "2"}; /* the default, the way before */
+	static const char *const ways[] = {NULL, "2"}; /* the default, the way before */
 	for (int w = 0; w < 2; w++) {
-		if (w == 0)
-			unsetenv("FST_READS_IN_FLIGHT");
-		else
+		if (ways[w])
 			setenv("FST_READS_IN_FLIGHT", ways[w], 1);
+		else
+			unsetenv("FST_READS_IN_FLIGHT");
 		landed = 0;
 		fst_error err;
 		assert_int_equal(fst_fault_set("read:2", &err), 0);
@@ -347,10 +347,10 @@ static void test_pread_hand_off(void **state)
 		assert_int_equal(fst_fault_set(NULL, NULL), 0);
 		assert_int_equal(rc, FST_EIO);
 		assert_null(buf);
-		if (w == 0 ? landed == 0 : landed != 0)
+		if (!ways[w] ? landed == 0 : landed != 0)
 			fail_msg("pread, FST_READS_IN_FLIGHT=%s: %u on_landed calls before the "
 				 "second read failed",
-				 ways[w], landed);
+				 ways[w] ? ways[w] : "unset", landed);
 		ch_assert_clean("pread, the second read failing", c.host_base);
 	}
 	unsetenv("FST_READS_IN_FLIGHT");
