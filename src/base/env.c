@@ -47,6 +47,10 @@ static const char *const names[FSTI_ENV_COUNT] = {
 	/* reads each worker of a staged load keeps in flight: 1, or 2 (the
 	 * default); at each load */
 	[FSTI_ENV_READS_IN_FLIGHT] = "FST_READS_IN_FLIGHT",
+	/* O_DIRECT helper threads beside the workers of a load from the page
+	 * cache onto a GPU, reading the plan from its end: 0 (off) to 8; at
+	 * each load */
+	[FSTI_ENV_WARM_DISK] = "FST_WARM_DISK",
 	/* the libcurl to open instead of libcurl.so.4; read once (net/curl.c) */
 	[FSTI_ENV_CURL_LIBRARY] = "FST_CURL_LIBRARY",
 	/* The AWS SDKs' variables, read at each open of a remote checkpoint

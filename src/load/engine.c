@@ -60,8 +60,12 @@ static size_t run_end(const struct fsti_engine *e, size_t r)
  * joins the run with the most chunks left, so no worker idles while one
  * finishes a long run alone. Every chunk is taken exactly once: each run's
  * counter hands out its chunks. */
+static size_t take_front(struct fsti_engine *e);
+
 static size_t take_chunk(struct fsti_engine *e, size_t *run)
 {
+	if (e->disk_helpers)
+		return take_front(e);
 	if (!e->run_chunks)
 		return atomic_fetch_add(&e->next_chunk, 1);
 	for (;;) {
@@ -86,6 +90,57 @@ static size_t take_chunk(struct fsti_engine *e, size_t *run)
 		}
 		if (*run == SIZE_MAX)
 			return e->plan.nc;
+	}
+}
+
+/*
+ * Disk helpers. A load from the page cache onto a GPU copies every byte
+ * twice through the host's memory: a worker's pread out of the page cache
+ * into staging, then the copy engine's read of the staging. Where the
+ * pread limit meets the pinned copy limit the two crowd each other and the
+ * load stays near 0.9x of either (docs/design.md, "Past the copy limit").
+ * The disk can deliver the same bytes into staging without the CPU's copy:
+ * helpers read chunks from the end of the plan with O_DIRECT while the
+ * workers read from its front, until the two meet. A helper stops taking
+ * chunks once the rest would be read by the workers sooner than its own
+ * read takes, so the load does not wait on the disk at its end.
+ */
+
+/* The next chunk from the plan's front, or plan.nc once the two ends meet. */
+static size_t take_front(struct fsti_engine *e)
+{
+	uint64_t v = atomic_load(&e->ends);
+	for (;;) {
+		uint64_t lo = v & UINT32_MAX, hi = v >> 32;
+		if (lo >= hi)
+			return e->plan.nc;
+		if (atomic_compare_exchange_weak(&e->ends, &v, v + 1)) {
+			atomic_fetch_add(&e->front_bytes, e->plan.c[lo].len);
+			return (size_t)lo;
+		}
+	}
+}
+
+/* The next chunk from the plan's end for a helper whose last read took
+ * latency seconds (0: none yet), or plan.nc: the ends have met, or the
+ * workers will have read the rest before a read of the helper's would be
+ * done (twice its last read's time, at the rate they have read so far). */
+static size_t take_back(struct fsti_engine *e, double latency)
+{
+	uint64_t v = atomic_load(&e->ends);
+	for (;;) {
+		uint64_t lo = v & UINT32_MAX, hi = v >> 32;
+		if (lo >= hi)
+			return e->plan.nc;
+		double elapsed = fsti_now() - e->t_workers;
+		uint64_t front = atomic_load(&e->front_bytes);
+		if (latency > 0 && elapsed > 0 && front) {
+			double left = (double)(hi - lo) * (double)e->opts.chunk_bytes;
+			if (left < 2 * latency * ((double)front / elapsed))
+				return e->plan.nc;
+		}
+		if (atomic_compare_exchange_weak(&e->ends, &v, v - (1ull << 32)))
+			return (size_t)(hi - 1);
 	}
 }
 
@@ -139,24 +194,46 @@ static int run_direct(struct fsti_engine *e, void *rstate, fst_error *err)
 	return 0;
 }
 
+/* What a worker of slot mode reads with: the load's reader and source, or
+ * a disk helper's (io_uring on O_DIRECT descriptors). */
+struct worker_role {
+	const struct fsti_reader *reader;
+	const struct fsti_source *src;
+	unsigned depth; /* reads in flight */
+	bool helper;
+};
+
 /*
- * Slot mode: up to e->reads_in_flight reads in flight (default_depth), the
- * oldest delivered first; the other slots' bytes may still be on their way
- * to the destination (a GPU copy), and the sink waits for that copy before
- * a slot is reused.
+ * Slot mode: up to role->depth reads in flight (default_depth), the oldest
+ * delivered first; the other slots' bytes may still be on their way to the
+ * destination (a GPU copy), and the sink waits for that copy before a slot
+ * is reused.
  */
-static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_error *err)
+static int run_slots(struct fsti_engine *e, const struct worker_role *role, void *rstate,
+		     void *sstate, fst_error *err)
 {
 	const struct fsti_chunk *inflight[FSTI_SLOTS] = {0};
+	double started[FSTI_SLOTS] = {0};
 	int head = 0, count = 0, rc = 0;
 	size_t run = SIZE_MAX;
+	double latency = 0; /* a helper's last read */
+	bool helping = true;
 	for (;;) {
-		while (!rc && count < (int)e->reads_in_flight && !atomic_load(&e->stop)) {
-			size_t i = take_chunk(e, &run);
+		while (!rc && count < (int)role->depth && !atomic_load(&e->stop)) {
+			size_t i = !role->helper ? take_chunk(e, &run)
+				   : helping     ? take_back(e, latency)
+						 : e->plan.nc;
 			if (i >= e->plan.nc)
 				break;
-			chunk_prefetch(e, i, run);
 			const struct fsti_chunk *c = &e->plan.c[i];
+			if (role->helper) {
+				/* a file without O_DIRECT: this chunk through the
+				 * page cache, then no more */
+				const fst_file *f = fst_checkpoint_file(e->ck, c->file);
+				helping = fsti_direct_fd(role->src->direct, c->file, f) >= 0;
+			} else {
+				chunk_prefetch(e, i, run);
+			}
 			if (fsti_gds_wanted(e, c)) {
 				/* cuFile: synchronous, straight into the tensors */
 				int g = fsti_gds_read(e, c, err);
@@ -173,9 +250,10 @@ static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_erro
 			int s = (head + count) % FSTI_SLOTS;
 			char *buf;
 			rc = e->sink->slot_buffer(e, sstate, s, &buf, err);
+			started[s] = fsti_now();
 			if (!rc)
-				rc = e->reader->start(&e->src, rstate, s, c->file, c->file_off, c->len,
-						      buf, err);
+				rc = role->reader->start(role->src, rstate, s, c->file, c->file_off,
+							 c->len, buf, err);
 			inflight[s] = c;
 			count++;
 		}
@@ -185,10 +263,14 @@ static int run_slots(struct fsti_engine *e, void *rstate, void *sstate, fst_erro
 		 * may still be writing into a slot when it is freed. */
 		const char *where;
 		fst_error werr;
-		int wrc = e->reader->wait(&e->src, rstate, head, &where, &werr);
+		int wrc = role->reader->wait(role->src, rstate, head, &where, &werr);
 		if (!rc && wrc) {
 			rc = wrc;
 			*err = werr;
+		}
+		if (!rc && role->helper) {
+			latency = fsti_now() - started[head];
+			atomic_fetch_add(&e->disk_bytes, inflight[head]->len);
 		}
 		if (!rc && !atomic_load(&e->stop))
 			rc = e->sink->deliver(e, sstate, head, inflight[head], where, err);
@@ -204,14 +286,23 @@ static void *worker_main(void *arg)
 	fst_error err;
 	fsti_err_clear(&err);
 	void *rstate = NULL, *sstate = NULL;
-	int rc = e->reader->worker_init(&e->src, &rstate, &err);
-	if (!rc && !e->sink) {
+	unsigned k = atomic_fetch_add(&e->worker_seq, 1);
+	struct worker_role role = {e->reader, &e->src, e->reads_in_flight, false};
+	if (e->sink && k >= e->nthreads - e->disk_helpers)
+		role = (struct worker_role){&fsti_reader_uring, &e->disk_src, FSTI_SLOTS - 1, true};
+	int rc = role.reader->worker_init(role.src, &rstate, &err);
+	if (rc && role.helper) {
+		/* the workers read everything without it */
+		fsti_log(FST_LOG_INFO, "disk helper: %s; the workers read its share", err.message);
+		rstate = NULL;
+		rc = 0;
+	} else if (!rc && !e->sink) {
 		rc = run_direct(e, rstate, &err);
 		e->reader->worker_fini(rstate);
 	} else if (!rc) {
 		rc = e->sink->worker_init(e, &sstate, &err);
 		if (!rc)
-			rc = run_slots(e, rstate, sstate, &err);
+			rc = run_slots(e, &role, rstate, sstate, &err);
 		/* Wait for this worker's copies even after an error: nothing may
 		 * still be writing when the destination is released. */
 		fst_error derr;
@@ -220,7 +311,7 @@ static void *worker_main(void *arg)
 			rc = drc;
 			err = derr;
 		}
-		e->reader->worker_fini(rstate);
+		role.reader->worker_fini(rstate);
 		e->sink->worker_fini(e, sstate);
 	}
 	if (rc)
@@ -258,6 +349,7 @@ static void engine_free(struct fsti_engine *e)
 	if (!e)
 		return;
 	fsti_direct_fds_free(e->src.direct);
+	fsti_direct_fds_free(e->disk_src.direct);
 	fsti_presence_leave(e->presence);
 	fsti_gds_teardown(e); /* before the buffer may go: it deregisters it */
 	if (e->sink && e->sink->load_fini)
@@ -331,6 +423,23 @@ static int reads_in_flight(unsigned *out, fst_error *err)
 	}
 	return fsti_err(err, FST_EUSAGE, "%s=\"%s\": expected 1 to %d",
 			fsti_env_name(FSTI_ENV_READS_IN_FLIGHT), v, FSTI_SLOTS);
+}
+
+/* FST_WARM_DISK: the disk helpers asked for, 0 (off, and where unset) to
+ * FSTI_MAX_DISK_HELPERS */
+#define FSTI_MAX_DISK_HELPERS 8
+static int warm_disk(unsigned *out, fst_error *err)
+{
+	const char *v = fsti_env(FSTI_ENV_WARM_DISK);
+	*out = 0;
+	if (!v || !*v)
+		return 0;
+	if (v[0] >= '0' && v[0] <= '0' + FSTI_MAX_DISK_HELPERS && !v[1]) {
+		*out = (unsigned)(v[0] - '0');
+		return 0;
+	}
+	return fsti_err(err, FST_EUSAGE, "%s=\"%s\": expected 0 to %d",
+			fsti_env_name(FSTI_ENV_WARM_DISK), v, FSTI_MAX_DISK_HELPERS);
 }
 
 static int choose_io(struct fsti_engine *e, fst_error *err)
@@ -458,10 +567,16 @@ static void describe(struct fsti_engine *e)
 				    : depths[e->reads_in_flight];
 	/* the page-cache mode, where io_uring reads */
 	const char *cache = e->reader == &fsti_reader_uring ? fsti_page_cache_text(e->page_cache) : "";
+	char helpers[96] = "";
+	if (e->disk_helpers)
+		snprintf(helpers, sizeof helpers,
+			 ", and %u disk helper%s reading the end with O_DIRECT (FST_WARM_DISK)",
+			 e->disk_helpers, e->disk_helpers == 1 ? "" : "s");
+	unsigned workers = e->nthreads - e->disk_helpers;
 	snprintf(e->describe, sizeof e->describe,
-		 "%s%s%s, %u thread%s, %s chunks%s%s%s: %s%s%s%s%s%s%s",
+		 "%s%s%s, %u thread%s, %s chunks%s%s%s%s: %s%s%s%s%s%s%s",
 		 fsti_gds_direct_count(e->gds) ? "cuFile where registered, else " : "", e->reader->name,
-		 how, e->nthreads, e->nthreads == 1 ? "" : "s", chunk, streams, depth, ahead, e->why,
+		 how, workers, workers == 1 ? "" : "s", chunk, streams, depth, ahead, helpers, e->why,
 		 cache[0] ? "; " : "", cache, e->platform_why[0] ? "; " : "", e->platform_why,
 		 fsti_gds_why(e->gds)[0] ? "; " : "", fsti_gds_why(e->gds));
 }
@@ -530,6 +645,9 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 						   : choose_io(e, err);
 	if (!rc && !e->reads_in_flight)
 		e->reads_in_flight = default_depth(e);
+	unsigned helpers = 0;
+	if (!rc)
+		rc = warm_disk(&helpers, err);
 	if (!rc)
 		rc = check_files_unchanged(ck, "since it was opened", err);
 	/* Cold reads wait on the disk, not on the CPUs: enough of them in
@@ -608,6 +726,17 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	}
 	/* no more threads than chunks */
 	e->nthreads = FSTI_MIN(e->opts.threads, (unsigned)FSTI_MIN(e->plan.nc, (size_t)UINT_MAX));
+	/* Disk helpers, where asked for, beside the workers of a load from the
+	 * page cache onto a GPU in one queue, with io_uring here and chunks
+	 * enough for every worker to take several (staging grows by their
+	 * slots; the workers' chunks stay as they are). */
+	bool one_queue = !e->opts.stream_bytes || e->opts.stream_bytes == FST_STREAM_OFF;
+	if (!rc && helpers && cached_gpu && e->sink && one_queue &&
+	    e->plan.nc < UINT32_MAX && e->plan.nc >= 4 * ((size_t)e->nthreads + helpers) &&
+	    fsti_uring_available()) {
+		e->disk_helpers = helpers;
+		e->nthreads += helpers;
+	}
 	/* Streams: runs of stream_bytes, each read in order by one worker;
 	 * the readahead window is shared among them. */
 	if (!rc && e->opts.stream_bytes && e->opts.stream_bytes != FST_STREAM_OFF &&
@@ -705,7 +834,15 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 	e->src.ck = ck;
 	e->src.stop = &e->stop;
 	e->src.direct = fsti_direct_fds_new(fst_checkpoint_file_count(ck), e->page_cache);
-	if (!e->ready || !e->remaining || !e->src.direct || (e->nruns && !e->run_next)) {
+	if (e->disk_helpers) {
+		/* O_DIRECT whatever the page cache holds: that is their point */
+		e->disk_src = e->src;
+		e->disk_src.direct = fsti_direct_fds_new(fst_checkpoint_file_count(ck),
+							 FSTI_PAGE_CACHE_OFF);
+		atomic_init(&e->ends, (uint64_t)e->plan.nc << 32);
+	}
+	if (!e->ready || !e->remaining || !e->src.direct || (e->nruns && !e->run_next) ||
+	    (e->disk_helpers && !e->disk_src.direct)) {
 		rc = fsti_err(err, FST_ENOMEM, "out of memory for the loader");
 		goto fail;
 	}
@@ -746,6 +883,7 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 		if (!t->nbytes)
 			fsti_ready_push_locked(e, i);
 	}
+	e->t_workers = fsti_now();
 	rc = start_workers(e, err);
 	if (!rc && e->sink && e->sink->load_started) {
 		rc = e->sink->load_started(e, err);
@@ -930,6 +1068,13 @@ int fst_loader_finish(fst_loader *ld, fst_buffer **out, fst_error *err)
 				 "; %.0f%% of the bytes read from the page cache, which held their "
 				 "chunks whole",
 				 100.0 * (double)cached / (double)e->plan.total_bytes);
+		}
+		if (e->disk_helpers && e->plan.total_bytes) {
+			size_t n = strlen(e->buf->describe);
+			snprintf(e->buf->describe + n, sizeof e->buf->describe - n,
+				 "; %.1f%% of the bytes read from the disk by the helpers",
+				 100.0 * (double)atomic_load(&e->disk_bytes) /
+					 (double)e->plan.total_bytes);
 		}
 		if (fsti_direct_fds_shared(e->src.direct)) {
 			size_t n = strlen(e->buf->describe);

@@ -169,6 +169,18 @@ struct fsti_engine {
 	/* FST_READS_IN_FLIGHT: reads a worker keeps in flight in slot mode,
 	 * 1 to FSTI_SLOTS */
 	unsigned reads_in_flight;
+	/* Disk helpers (FST_WARM_DISK): the last disk_helpers of the nthreads
+	 * workers read, from a load's page-cached files, chunks from the end of
+	 * the plan with O_DIRECT (disk_src), while the others read from its
+	 * front through the page cache. The plan is then claimed from both
+	 * ends of `ends` (the next front chunk in the low 32 bits, one past the
+	 * last unclaimed one in the high 32). */
+	unsigned disk_helpers;
+	atomic_uint worker_seq;
+	_Atomic uint64_t ends;
+	struct fsti_source disk_src;
+	atomic_uint_fast64_t front_bytes, disk_bytes;
+	double t_workers; /* when the workers were started */
 	char *write_base;
 	char platform_why[400];
 };
