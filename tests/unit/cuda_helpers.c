@@ -176,6 +176,20 @@ void ch_write_random(const char *name, uint64_t seed, const ch_gen *g, ch_ckpt *
 
 double fsti_cached_fraction(const fst_checkpoint *ck); /* io/residency.c */
 
+void ch_temperature(const ch_ckpt *c, bool cold)
+{
+	if (cold) {
+		lh_evict(c->ck);
+		return;
+	}
+	lh_files fs;
+	lh_files_read(c->ck, &fs);
+	lh_files_free(&fs);
+	double cached = fsti_cached_fraction(c->ck);
+	if (cached >= 0 && cached < 0.5)
+		fail_msg("%s: %.0f%% in the page cache after reading it", c->dir, cached * 100);
+}
+
 bool ch_write_cold(const char *name, uint64_t seed, ch_ckpt *c)
 {
 	ch_write_random(name, seed, &ch_big_gen, c);
@@ -373,6 +387,12 @@ int ch_load_whole_or_streamed(const ch_ckpt *c, const fst_load_opts *o, bool str
 void ch_cold_fault_loop(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
 			const char *site, int code, const char *says)
 {
+	ch_fault_loop(c, true, var, value, chunk, site, code, says);
+}
+
+void ch_fault_loop(const ch_ckpt *c, bool cold, const char *var, const char *value,
+		   uint64_t chunk, const char *site, int code, const char *says)
+{
 	unsigned failures = 0;
 	setenv(var, value, 1);
 	for (long n = 1;; n++) {
@@ -383,7 +403,7 @@ void ch_cold_fault_loop(const ch_ckpt *c, const char *var, const char *value, ui
 		fst_load_opts o;
 		ch_opts(&o, "cuda:0", FST_IO_AUTO, 4, 1 * MiB);
 		o.chunk_bytes = chunk;
-		lh_evict(c->ck);
+		ch_temperature(c, cold);
 		fst_error err;
 		assert_int_equal(fst_fault_set(spec, &err), 0);
 		fst_buffer *buf = (fst_buffer *)&o;
@@ -436,13 +456,19 @@ void ch_cold_bad_env(const ch_ckpt *c, const char *var, const char *const *bad, 
 void ch_cold_freed_at_once(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
 			   const unsigned *threads, size_t n)
 {
+	ch_freed_at_once(c, true, var, value, chunk, threads, n);
+}
+
+void ch_freed_at_once(const ch_ckpt *c, bool cold, const char *var, const char *value,
+		      uint64_t chunk, const unsigned *threads, size_t n)
+{
 	setenv(var, value, 1);
 	ch_set_delay("2000"); /* slow copies: the load is still reading */
 	for (size_t k = 0; k < n; k++) {
 		fst_load_opts o;
 		ch_opts(&o, "cuda:0", FST_IO_AUTO, threads[k], 1 * MiB);
 		o.chunk_bytes = chunk;
-		lh_evict(c->ck);
+		ch_temperature(c, cold);
 		fst_loader *ld;
 		fst_error err;
 		assert_int_equal(fst_load_start(c->ck, &o, &ld, &err), 0);

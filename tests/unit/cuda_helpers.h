@@ -115,6 +115,10 @@ int ch_load_whole_or_streamed(const ch_ckpt *c, const fst_load_opts *o, bool str
  * that contains says. Fails the test when no load failed. */
 void ch_cold_fault_loop(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
 			const char *site, int code, const char *says);
+/* The same with c cold (evicted before each load) or warm (read into the
+ * page cache before each). */
+void ch_fault_loop(const ch_ckpt *c, bool cold, const char *var, const char *value,
+		   uint64_t chunk, const char *site, int code, const char *says);
 /* Each of the n values of var, a load of cold c onto cuda:0 (io=auto)
  * and its fst_load_explain: FST_EUSAGE with the variable and the value
  * quoted, no buffer. */
@@ -124,6 +128,12 @@ void ch_cold_bad_env(const ch_ckpt *c, const char *var, const char *const *bad, 
  * soon as it started: each stops and leaves nothing. */
 void ch_cold_freed_at_once(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
 			   const unsigned *threads, size_t n);
+/* The same, c cold or warm (ch_fault_loop). */
+void ch_freed_at_once(const ch_ckpt *c, bool cold, const char *var, const char *value,
+		      uint64_t chunk, const unsigned *threads, size_t n);
+/* c evicted from the page cache (cold), or read into it (warm: fails the
+ * test when under half of it is then resident). */
+void ch_temperature(const ch_ckpt *c, bool cold);
 
 /* ---- set-up */
 
