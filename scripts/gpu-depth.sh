@@ -15,20 +15,7 @@ OUT=${OUT:?OUT}
 WORK=${WORK:-/tmp/fst-cold-work}
 ROUNDS=${ROUNDS:-3}
 RUNS=${RUNS:-3}
-mkdir -p "$OUT" "$WORK/ck"
-OUT=$OUT bash scripts/gpu-install.sh
-fst=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/fst
-ck=$WORK/ck/gpt-oss-20b
-if [ -n "${GEN_SIZE:-}" ]; then
-	# a call too short for the model-shaped checkpoint: fst gen's, misaligned
-	ck=$WORK/ck/gen-$GEN_SIZE
-	[ -d "$ck" ] || "$fst" gen "$ck" --size "$GEN_SIZE" --shards 3 --misaligned \
-		>>"$OUT/machine.txt" 2>&1 || { echo "gpu-depth: fst gen failed" >&2; exit 3; }
-fi
-[ -d "$ck" ] || python3 bench/make_checkpoints.py "$WORK/ck" --only gpt-oss-20b >>"$OUT/machine.txt" 2>&1 ||
-	{ echo "gpu-depth: make_checkpoints failed" >&2; exit 3; }
-files=("$ck"/*.safetensors)
-cat "${files[@]}" >/dev/null
+. scripts/gpu-cached-ck.sh
 probe=$WORK/pipeline_probe
 cc -std=c11 -O2 -I"${CUDA_INC:-/usr/local/cuda/include}" bench/pipeline_probe.c -o "$probe" \
 	-ldl -lpthread || { echo "gpu-depth: the probe did not build" >&2; exit 3; }

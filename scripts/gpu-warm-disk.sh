@@ -18,19 +18,7 @@ WORK=${WORK:-/tmp/fst-cold-work}
 ROUNDS=${ROUNDS:-3}
 RUNS=${RUNS:-3}
 HELPERS=${HELPERS:-0 1 2 4}
-mkdir -p "$OUT" "$WORK/ck"
-OUT=$OUT bash scripts/gpu-install.sh
-fst=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/fst
-ck=$WORK/ck/gpt-oss-20b
-if [ -n "${GEN_SIZE:-}" ]; then
-	ck=$WORK/ck/gen-$GEN_SIZE
-	[ -d "$ck" ] || "$fst" gen "$ck" --size "$GEN_SIZE" --shards 3 --misaligned \
-		>>"$OUT/machine.txt" 2>&1 || { echo "gpu-warm-disk: fst gen failed" >&2; exit 3; }
-fi
-[ -d "$ck" ] || python3 bench/make_checkpoints.py "$WORK/ck" --only gpt-oss-20b >>"$OUT/machine.txt" 2>&1 ||
-	{ echo "gpu-warm-disk: make_checkpoints failed" >&2; exit 3; }
-files=("$ck"/*.safetensors)
-cat "${files[@]}" >/dev/null
+. scripts/gpu-cached-ck.sh
 {
 	echo "# $(date -u +%FT%TZ) $ck: ${#files[@]} files"
 	echo "\$ fst load --device cuda:0 --io uring  # every byte with O_DIRECT, files cached"

@@ -407,22 +407,29 @@ static unsigned default_depth(const struct fsti_engine *e)
 	return e->reader && e->reader->reads_at_start ? 1 : FSTI_SLOTS - 1;
 }
 
+/* A count of one digit, lo to hi, from the environment variable var; 0
+ * where unset or empty, a usage error naming the variable otherwise. */
+static int env_digit(enum fsti_env var, unsigned lo, unsigned hi, unsigned *out, fst_error *err)
+{
+	const char *v = fsti_env(var);
+	*out = 0;
+	if (!v || !*v)
+		return 0;
+	if (v[0] >= (char)('0' + lo) && v[0] <= (char)('0' + hi) && !v[1]) {
+		*out = (unsigned)(v[0] - '0');
+		return 0;
+	}
+	return fsti_err(err, FST_EUSAGE, "%s=\"%s\": expected %u to %u", fsti_env_name(var), v,
+			lo, hi);
+}
+
 /* FST_READS_IN_FLIGHT: 1 (each worker waits for its read before the next,
  * as fastsafetensors' threads do), 2 or FSTI_SLOTS (every slot reading;
  * onto a GPU a read then waits for its slot's copy); 0 where unset, for
  * default_depth once the reader is chosen */
 static int reads_in_flight(unsigned *out, fst_error *err)
 {
-	const char *v = fsti_env(FSTI_ENV_READS_IN_FLIGHT);
-	*out = 0;
-	if (!v || !*v)
-		return 0;
-	if (v[0] >= '1' && v[0] <= '0' + FSTI_SLOTS && !v[1]) {
-		*out = (unsigned)(v[0] - '0');
-		return 0;
-	}
-	return fsti_err(err, FST_EUSAGE, "%s=\"%s\": expected 1 to %d",
-			fsti_env_name(FSTI_ENV_READS_IN_FLIGHT), v, FSTI_SLOTS);
+	return env_digit(FSTI_ENV_READS_IN_FLIGHT, 1, FSTI_SLOTS, out, err);
 }
 
 /* FST_WARM_DISK: the disk helpers asked for, 0 (off, and where unset) to
@@ -430,16 +437,7 @@ static int reads_in_flight(unsigned *out, fst_error *err)
 #define FSTI_MAX_DISK_HELPERS 8
 static int warm_disk(unsigned *out, fst_error *err)
 {
-	const char *v = fsti_env(FSTI_ENV_WARM_DISK);
-	*out = 0;
-	if (!v || !*v)
-		return 0;
-	if (v[0] >= '0' && v[0] <= '0' + FSTI_MAX_DISK_HELPERS && !v[1]) {
-		*out = (unsigned)(v[0] - '0');
-		return 0;
-	}
-	return fsti_err(err, FST_EUSAGE, "%s=\"%s\": expected 0 to %d",
-			fsti_env_name(FSTI_ENV_WARM_DISK), v, FSTI_MAX_DISK_HELPERS);
+	return env_digit(FSTI_ENV_WARM_DISK, 0, FSTI_MAX_DISK_HELPERS, out, err);
 }
 
 static int choose_io(struct fsti_engine *e, fst_error *err)
