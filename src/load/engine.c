@@ -3,7 +3,9 @@
  * destination, reader threads, and the loader API over them.
  *
  * Workers take chunks in plan order from one atomic counter (with streams,
- * opts.stream_bytes: stretches of the plan, each read in order), ask the sink
+ * opts.stream_bytes: stretches of the plan, each read in order; with disk
+ * helpers, FST_WARM_DISK, from the plan's front while the helpers take
+ * chunks from its end and read them with O_DIRECT), ask the sink
  * where the bytes go (the destination itself on the CPU, a staging slot for
  * a GPU), read them there, and hand them to the sink. The sink reports each
  * chunk once its bytes are in their final place; only then does the engine
