@@ -111,39 +111,30 @@ static size_t take_chunk(struct fsti_engine *e, size_t *run)
 /* The next chunk from the plan's front, or plan.nc once the two ends meet. */
 static size_t take_front(struct fsti_engine *e)
 {
-	uint64_t v = atomic_load(&e->ends);
-	for (;;) {
-		uint64_t lo = v & UINT32_MAX, hi = v >> 32;
-		if (lo >= hi)
-			return e->plan.nc;
-		if (atomic_compare_exchange_weak(&e->ends, &v, v + 1)) {
-			atomic_fetch_add(&e->front_bytes, e->plan.c[lo].len);
-			return (size_t)lo;
-		}
-	}
+	size_t i = fsti_ends_front(&e->ends);
+	if (i == SIZE_MAX)
+		return e->plan.nc;
+	atomic_fetch_add(&e->front_bytes, e->plan.c[i].len);
+	return i;
 }
 
 /* The next chunk from the plan's end for a helper whose last read took
  * latency seconds (0: none yet), or plan.nc: the ends have met, or the
- * workers will have read the rest before a read of the helper's would be
- * done (twice its last read's time, at the rate they have read so far). */
+ * workers will have read the rest before two reads of the helper's would
+ * be done, at the rate they have read so far. That rate counts from the
+ * workers' start, pinning included, and chunks taken rather than read:
+ * it leans low, toward a read more by the helpers. */
 static size_t take_back(struct fsti_engine *e, double latency)
 {
-	uint64_t v = atomic_load(&e->ends);
-	for (;;) {
-		uint64_t lo = v & UINT32_MAX, hi = v >> 32;
-		if (lo >= hi)
+	double elapsed = fsti_now() - e->t_workers;
+	uint64_t front = atomic_load(&e->front_bytes);
+	if (latency > 0 && elapsed > 0 && front) {
+		double left = (double)fsti_ends_left(&e->ends) * (double)e->opts.chunk_bytes;
+		if (left < 2 * latency * ((double)front / elapsed))
 			return e->plan.nc;
-		double elapsed = fsti_now() - e->t_workers;
-		uint64_t front = atomic_load(&e->front_bytes);
-		if (latency > 0 && elapsed > 0 && front) {
-			double left = (double)(hi - lo) * (double)e->opts.chunk_bytes;
-			if (left < 2 * latency * ((double)front / elapsed))
-				return e->plan.nc;
-		}
-		if (atomic_compare_exchange_weak(&e->ends, &v, v - (1ull << 32)))
-			return (size_t)(hi - 1);
 	}
+	size_t i = fsti_ends_back(&e->ends);
+	return i == SIZE_MAX ? e->plan.nc : i;
 }
 
 /* Chunk i (of the worker's run) is about to be read: keep the readahead
@@ -216,6 +207,7 @@ static int run_slots(struct fsti_engine *e, const struct worker_role *role, void
 {
 	const struct fsti_chunk *inflight[FSTI_SLOTS] = {0};
 	double started[FSTI_SLOTS] = {0};
+	bool direct[FSTI_SLOTS] = {0}; /* a helper's read with O_DIRECT */
 	int head = 0, count = 0, rc = 0;
 	size_t run = SIZE_MAX;
 	double latency = 0; /* a helper's last read */
@@ -228,11 +220,13 @@ static int run_slots(struct fsti_engine *e, const struct worker_role *role, void
 			if (i >= e->plan.nc)
 				break;
 			const struct fsti_chunk *c = &e->plan.c[i];
+			int s = (head + count) % FSTI_SLOTS;
 			if (role->helper) {
 				/* a file without O_DIRECT: this chunk through the
 				 * page cache, then no more */
 				const fst_file *f = fst_checkpoint_file(e->ck, c->file);
-				helping = fsti_direct_fd(role->src->direct, c->file, f) >= 0;
+				helping = direct[s] =
+					fsti_direct_fd(role->src->direct, c->file, f) >= 0;
 			} else {
 				chunk_prefetch(e, i, run);
 			}
@@ -249,7 +243,6 @@ static int run_slots(struct fsti_engine *e, const struct worker_role *role, void
 				}
 				/* g == 1: this file now goes through staging */
 			}
-			int s = (head + count) % FSTI_SLOTS;
 			char *buf;
 			rc = e->sink->slot_buffer(e, sstate, s, &buf, err);
 			started[s] = fsti_now();
@@ -270,9 +263,13 @@ static int run_slots(struct fsti_engine *e, const struct worker_role *role, void
 			rc = wrc;
 			*err = werr;
 		}
+		/* the share the description gives: chunks a helper asked of the
+		 * disk (one whose O_DIRECT read the filesystem refused midway is
+		 * read again through the page cache, and still counted) */
 		if (!rc && role->helper) {
 			latency = fsti_now() - started[head];
-			atomic_fetch_add(&e->disk_bytes, inflight[head]->len);
+			if (direct[head])
+				atomic_fetch_add(&e->disk_bytes, inflight[head]->len);
 		}
 		if (!rc && !atomic_load(&e->stop))
 			rc = e->sink->deliver(e, sstate, head, inflight[head], where, err);
@@ -727,11 +724,12 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	/* no more threads than chunks */
 	e->nthreads = FSTI_MIN(e->opts.threads, (unsigned)FSTI_MIN(e->plan.nc, (size_t)UINT_MAX));
 	/* Disk helpers, where asked for, beside the workers of a load from the
-	 * page cache onto a GPU in one queue, with io_uring here and chunks
+	 * page cache (as measured: not where residency is unknown) onto a GPU
+	 * in one queue, with io_uring here and chunks
 	 * enough for every worker to take several (staging grows by their
 	 * slots; the workers' chunks stay as they are). */
 	bool one_queue = !e->opts.stream_bytes || e->opts.stream_bytes == FST_STREAM_OFF;
-	if (!rc && helpers && cached_gpu && e->sink && one_queue &&
+	if (!rc && helpers && cached_gpu && e->cached >= 0.5 && e->sink && one_queue &&
 	    e->plan.nc < UINT32_MAX && e->plan.nc >= 4 * ((size_t)e->nthreads + helpers) &&
 	    fsti_uring_available()) {
 		e->disk_helpers = helpers;
@@ -839,7 +837,7 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 		e->disk_src = e->src;
 		e->disk_src.direct = fsti_direct_fds_new(fst_checkpoint_file_count(ck),
 							 FSTI_PAGE_CACHE_OFF);
-		atomic_init(&e->ends, (uint64_t)e->plan.nc << 32);
+		fsti_ends_init(&e->ends, e->plan.nc);
 	}
 	if (!e->ready || !e->remaining || !e->src.direct || (e->nruns && !e->run_next) ||
 	    (e->disk_helpers && !e->disk_src.direct)) {

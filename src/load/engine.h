@@ -104,6 +104,19 @@ struct fsti_sink {
 	void (*worker_fini)(struct fsti_engine *e, void *state);
 };
 
+/* ---- a plan claimed from both ends (ends.c) */
+
+/* Chunks 0 to n - 1 (n below 2^32), each handed out once: from the front in
+ * order, from the back in reverse, until the two ends meet. */
+typedef _Atomic uint64_t fsti_ends;
+void fsti_ends_init(fsti_ends *e, size_t n);
+/* The next chunk from the front, or from the back; SIZE_MAX once the ends
+ * have met. Safe from any number of threads at once. */
+size_t fsti_ends_front(fsti_ends *e);
+size_t fsti_ends_back(fsti_ends *e);
+/* Chunks neither end has claimed yet (a moment's view). */
+size_t fsti_ends_left(fsti_ends *e);
+
 /* ---- engine (engine.c) */
 
 struct fsti_engine {
@@ -173,11 +186,10 @@ struct fsti_engine {
 	 * workers read, from a load's page-cached files, chunks from the end of
 	 * the plan with O_DIRECT (disk_src), while the others read from its
 	 * front through the page cache. The plan is then claimed from both
-	 * ends of `ends` (the next front chunk in the low 32 bits, one past the
-	 * last unclaimed one in the high 32). */
+	 * ends (ends.c). */
 	unsigned disk_helpers;
 	atomic_uint worker_seq;
-	_Atomic uint64_t ends;
+	fsti_ends ends;
 	struct fsti_source disk_src;
 	atomic_uint_fast64_t front_bytes, disk_bytes;
 	double t_workers; /* when the workers were started */

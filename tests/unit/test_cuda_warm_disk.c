@@ -5,8 +5,8 @@
  * file; with the workers slowed, the helpers read a share of the bytes
  * (more than none, less than all) and the description gives it. Where a
  * helper cannot set up its ring the workers read everything. 0, and loads
- * the helpers are not for (cold files, host memory, streams, a plan of too
- * few chunks) say nothing of them. A value other than 0 to 8 is a usage
+ * the helpers are not for (cold files, residency not measured, host
+ * memory, streams, a plan of too few chunks) say nothing of them. A value other than 0 to 8 is a usage
  * error naming the variable (fst_load_explain too). Each io_uring read of
  * a helper failing in turn fails the load with FST_EIO and nothing left;
  * loads freed at once stop. */
@@ -139,10 +139,16 @@ static void test_not_for_these(void **state)
 	o.threads = 40;
 	o.staging_bytes = 120 * MiB;
 	warm_load(&o, "2", false, false, d, sizeof d, "few chunks");
+	/* residency not measured (io=pread with readahead off) */
+	ch_opts(&o, "cuda:0", FST_IO_PREAD, 2, 8 * MiB);
+	o.chunk_bytes = 16 << 10;
+	o.readahead_bytes = FST_READAHEAD_OFF;
+	warm_load(&o, "2", false, false, d, sizeof d, "residency unknown");
 
-	/* cold files, and host memory */
+	/* cold files (chunks enough for helpers), and host memory */
 	setenv("FST_WARM_DISK", "2", 1);
 	ch_opts(&o, "cuda:0", FST_IO_AUTO, 2, 8 * MiB);
+	o.chunk_bytes = 16 << 10;
 	lh_evict(c.ck);
 	fst_buffer *buf;
 	fst_error err;
