@@ -18,28 +18,29 @@ void fsti_ends_init(fsti_ends *e, size_t n)
 	atomic_init(e, (uint64_t)n << 32);
 }
 
-size_t fsti_ends_front(fsti_ends *e)
+/* The front's next chunk (moving the low half up by one) or the back's
+ * (moving the high half down by one), while the two have not met. */
+static size_t claim(fsti_ends *e, bool back)
 {
+	const uint64_t step = back ? UINT64_MAX << 32 : 1; /* -(1 << 32) or +1 */
 	uint64_t v = atomic_load(e);
 	for (;;) {
 		uint64_t lo = v & UINT32_MAX, hi = v >> 32;
 		if (lo >= hi)
 			return SIZE_MAX;
-		if (atomic_compare_exchange_weak(e, &v, v + 1))
-			return (size_t)lo;
+		if (atomic_compare_exchange_weak(e, &v, v + step))
+			return (size_t)(back ? hi - 1 : lo);
 	}
+}
+
+size_t fsti_ends_front(fsti_ends *e)
+{
+	return claim(e, false);
 }
 
 size_t fsti_ends_back(fsti_ends *e)
 {
-	uint64_t v = atomic_load(e);
-	for (;;) {
-		uint64_t lo = v & UINT32_MAX, hi = v >> 32;
-		if (lo >= hi)
-			return SIZE_MAX;
-		if (atomic_compare_exchange_weak(e, &v, v - (1ull << 32)))
-			return (size_t)(hi - 1);
-	}
+	return claim(e, true);
 }
 
 size_t fsti_ends_left(fsti_ends *e)
