@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1031,6 +1032,17 @@ static void wait_workers(struct fsti_engine *e, bool report)
 	pthread_mutex_unlock(&e->lock);
 }
 
+/* What the load found on its way, at the end of the buffer's description. */
+static void describe_append(struct fst_buffer *b, const char *fmt, ...) FSTI_PRINTF(2, 3);
+static void describe_append(struct fst_buffer *b, const char *fmt, ...)
+{
+	size_t n = strlen(b->describe);
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(b->describe + n, sizeof b->describe - n, fmt, ap);
+	va_end(ap);
+}
+
 int fst_loader_finish(fst_loader *ld, fst_buffer **out, fst_error *err)
 {
 	struct fsti_engine *e = (struct fsti_engine *)ld;
@@ -1060,26 +1072,18 @@ int fst_loader_finish(fst_loader *ld, fst_buffer **out, fst_error *err)
 			e->opts.progress(e->opts.progress_ctx, e->plan.total_bytes,
 					 e->plan.total_bytes);
 		uint64_t cached = fsti_direct_cached_bytes(e->src.direct);
-		if (cached && e->plan.total_bytes) {
-			size_t n = strlen(e->buf->describe);
-			snprintf(e->buf->describe + n, sizeof e->buf->describe - n,
-				 "; %.0f%% of the bytes read from the page cache, which held their "
-				 "chunks whole",
-				 100.0 * (double)cached / (double)e->plan.total_bytes);
-		}
-		if (e->disk_helpers && e->plan.total_bytes) {
-			size_t n = strlen(e->buf->describe);
-			snprintf(e->buf->describe + n, sizeof e->buf->describe - n,
-				 "; %.1f%% of the bytes read from the disk by the helpers",
-				 100.0 * (double)atomic_load(&e->disk_bytes) /
-					 (double)e->plan.total_bytes);
-		}
-		if (fsti_direct_fds_shared(e->src.direct)) {
-			size_t n = strlen(e->buf->describe);
-			snprintf(e->buf->describe + n, sizeof e->buf->describe - n,
-				 "; another load of these files appeared: the rest read through "
-				 "the page cache");
-		}
+		if (cached && e->plan.total_bytes)
+			describe_append(e->buf,
+					"; %.0f%% of the bytes read from the page cache, which held "
+					"their chunks whole",
+					100.0 * (double)cached / (double)e->plan.total_bytes);
+		if (e->disk_helpers && e->plan.total_bytes)
+			describe_append(e->buf, "; %.1f%% of the bytes read from the disk by the helpers",
+					100.0 * (double)atomic_load(&e->disk_bytes) /
+						(double)e->plan.total_bytes);
+		if (fsti_direct_fds_shared(e->src.direct))
+			describe_append(e->buf, "; another load of these files appeared: the rest "
+						"read through the page cache");
 		if (out) {
 			*out = e->buf;
 			e->buf = NULL;
