@@ -49,3 +49,8 @@ size_t fsti_ends_left(fsti_ends *e)
 	uint64_t lo = v & UINT32_MAX, hi = v >> 32;
 	return lo < hi ? (size_t)(hi - lo) : 0;
 }
+
+size_t fsti_ends_front_taken(fsti_ends *e)
+{
+	return (size_t)(atomic_load(e) & UINT32_MAX);
+}

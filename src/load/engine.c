@@ -63,12 +63,13 @@ static size_t run_end(const struct fsti_engine *e, size_t r)
  * joins the run with the most chunks left, so no worker idles while one
  * finishes a long run alone. Every chunk is taken exactly once: each run's
  * counter hands out its chunks. */
-static size_t take_front(struct fsti_engine *e);
-
 static size_t take_chunk(struct fsti_engine *e, size_t *run)
 {
-	if (e->disk_helpers)
-		return take_front(e);
+	if (e->disk_helpers) {
+		/* the front of a plan the disk helpers read from its end */
+		size_t i = fsti_ends_front(&e->ends);
+		return i == SIZE_MAX ? e->plan.nc : i;
+	}
 	if (!e->run_chunks)
 		return atomic_fetch_add(&e->next_chunk, 1);
 	for (;;) {
@@ -105,32 +106,22 @@ static size_t take_chunk(struct fsti_engine *e, size_t *run)
  * The disk can deliver the same bytes into staging without the CPU's copy:
  * helpers read chunks from the end of the plan with O_DIRECT while the
  * workers read from its front, until the two meet. A helper stops taking
- * chunks once the rest would be read by the workers sooner than its own
- * read takes, so the load does not wait on the disk at its end.
+ * chunks once the workers would take the rest sooner than two of its reads
+ * take, so the load does not wait on the disk at its end.
  */
-
-/* The next chunk from the plan's front, or plan.nc once the two ends meet. */
-static size_t take_front(struct fsti_engine *e)
-{
-	size_t i = fsti_ends_front(&e->ends);
-	if (i == SIZE_MAX)
-		return e->plan.nc;
-	atomic_fetch_add(&e->front_bytes, e->plan.c[i].len);
-	return i;
-}
 
 /* The next chunk from the plan's end for a helper whose last read took
  * latency seconds (0: none yet), or plan.nc: the ends have met, or the
- * workers will have read the rest before two reads of the helper's would
- * be done, at the rate they have read so far. That rate counts from the
- * workers' start, pinning included, and chunks taken rather than read:
- * it leans low, toward a read more by the helpers. */
+ * workers will have taken the rest before two reads of the helper's would
+ * be done, at the rate in chunks they have taken so far. That rate counts
+ * from the workers' start, pinning included, and chunks taken rather than
+ * read: it leans low, toward a read more by the helpers. */
 static size_t take_back(struct fsti_engine *e, double latency)
 {
 	double elapsed = fsti_now() - e->t_workers;
-	uint64_t front = atomic_load(&e->front_bytes);
+	size_t front = fsti_ends_front_taken(&e->ends);
 	if (latency > 0 && elapsed > 0 && front) {
-		double left = (double)fsti_ends_left(&e->ends) * (double)e->opts.chunk_bytes;
+		double left = (double)fsti_ends_left(&e->ends);
 		if (left < 2 * latency * ((double)front / elapsed))
 			return e->plan.nc;
 	}

@@ -114,8 +114,10 @@ void fsti_ends_init(fsti_ends *e, size_t n);
  * have met. Safe from any number of threads at once. */
 size_t fsti_ends_front(fsti_ends *e);
 size_t fsti_ends_back(fsti_ends *e);
-/* Chunks neither end has claimed yet (a moment's view). */
+/* Chunks neither end has claimed yet, and chunks the front has (a
+ * moment's view). */
 size_t fsti_ends_left(fsti_ends *e);
+size_t fsti_ends_front_taken(fsti_ends *e);
 
 /* ---- engine (engine.c) */
 
@@ -191,7 +193,7 @@ struct fsti_engine {
 	atomic_uint worker_seq;
 	fsti_ends ends;
 	struct fsti_source disk_src;
-	atomic_uint_fast64_t front_bytes, disk_bytes;
+	atomic_uint_fast64_t disk_bytes;
 	double t_workers; /* when the workers were started */
 	char *write_base;
 	char platform_why[400];

@@ -2,7 +2,8 @@
  * workers and the disk helpers of a warm load share. Alone: no chunks gives
  * none from either end; one chunk goes to whichever end asks first; the
  * front hands out 0, 1, 2 ... and the back n-1, n-2 ... until they meet,
- * each chunk once, the count left shrinking by one a claim, then both ends
+ * each chunk once, the count left shrinking by one a claim and the front's
+ * count growing by one a front claim, then both ends
  * give none. At once: 4 threads at the front and 4 at the back, and 8 at
  * the back alone, over 200,000 chunks: every chunk claimed exactly once,
  * each front thread's chunks rising and each back thread's falling. */
@@ -33,12 +34,14 @@ static void test_alone(void **state)
 		bool seen[7] = {0};
 		for (size_t i = 0; i < k; i++) {
 			assert_int_equal(fsti_ends_left(&e), 7 - i);
+			assert_int_equal(fsti_ends_front_taken(&e), i);
 			size_t c = fsti_ends_front(&e);
 			assert_int_equal(c, i);
 			seen[c] = true;
 		}
 		for (size_t i = 0; i < 7 - k; i++) {
 			assert_int_equal(fsti_ends_left(&e), 7 - k - i);
+			assert_int_equal(fsti_ends_front_taken(&e), k);
 			size_t c = fsti_ends_back(&e);
 			assert_int_equal(c, 6 - i);
 			assert_false(seen[c]);
