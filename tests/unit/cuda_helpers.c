@@ -384,12 +384,6 @@ int ch_load_whole_or_streamed(const ch_ckpt *c, const fst_load_opts *o, bool str
 	return rc;
 }
 
-void ch_cold_fault_loop(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
-			const char *site, int code, const char *says)
-{
-	ch_fault_loop(c, true, var, value, chunk, site, code, says);
-}
-
 void ch_fault_loop(const ch_ckpt *c, bool cold, const char *var, const char *value,
 		   uint64_t chunk, const char *site, int code, const char *says)
 {
@@ -451,12 +445,6 @@ void ch_cold_bad_env(const ch_ckpt *c, const char *var, const char *const *bad, 
 	}
 	unsetenv(var);
 	ch_assert_clean("bad values", c->host_base);
-}
-
-void ch_cold_freed_at_once(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
-			   const unsigned *threads, size_t n)
-{
-	ch_freed_at_once(c, true, var, value, chunk, threads, n);
 }
 
 void ch_freed_at_once(const ch_ckpt *c, bool cold, const char *var, const char *value,

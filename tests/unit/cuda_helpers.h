@@ -108,27 +108,22 @@ void ch_opts(fst_load_opts *o, const char *device, int io, unsigned threads, uin
  * in *out, checked against the files when loaded. */
 int ch_load_whole_or_streamed(const ch_ckpt *c, const fst_load_opts *o, bool stream,
 			      fst_buffer **out, fst_error *err);
-/* Fail the N-th call at site, N = 1, 2, ... until no call fails, in cold
- * loads of c onto cuda:0 (io=auto, 4 threads, chunk bytes) with the
+/* Fail the N-th call at site, N = 1, 2, ... until no call fails, in loads
+ * of c onto cuda:0 (io=auto, 4 threads, chunk bytes), cold (evicted before
+ * each) or warm (read into the page cache before each), with the
  * environment variable var set to value: each load fails with code, a
  * message and nothing left, or gives the files' bytes and a description
  * that contains says. Fails the test when no load failed. */
-void ch_cold_fault_loop(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
-			const char *site, int code, const char *says);
-/* The same with c cold (evicted before each load) or warm (read into the
- * page cache before each). */
 void ch_fault_loop(const ch_ckpt *c, bool cold, const char *var, const char *value,
 		   uint64_t chunk, const char *site, int code, const char *says);
 /* Each of the n values of var, a load of cold c onto cuda:0 (io=auto)
  * and its fst_load_explain: FST_EUSAGE with the variable and the value
  * quoted, no buffer. */
 void ch_cold_bad_env(const ch_ckpt *c, const char *var, const char *const *bad, size_t n);
-/* Cold loads of c onto cuda:0 (io=auto, chunk bytes, each of the n thread
- * counts) with var set to value and copies slowed to 2 ms, each freed as
- * soon as it started: each stops and leaves nothing. */
-void ch_cold_freed_at_once(const ch_ckpt *c, const char *var, const char *value, uint64_t chunk,
-			   const unsigned *threads, size_t n);
-/* The same, c cold or warm (ch_fault_loop). */
+/* Loads of c onto cuda:0 (io=auto, chunk bytes, each of the n thread
+ * counts), cold or warm as in ch_fault_loop, with var set to value and
+ * copies slowed to 2 ms, each freed as soon as it started: each stops and
+ * leaves nothing. */
 void ch_freed_at_once(const ch_ckpt *c, bool cold, const char *var, const char *value,
 		      uint64_t chunk, const unsigned *threads, size_t n);
 /* c evicted from the page cache (cold), or read into it (warm: fails the

@@ -282,11 +282,11 @@ static void test_reads_in_flight(void **state)
 	ch_cold_bad_env(&c, "FST_READS_IN_FLIGHT", bad, sizeof bad / sizeof *bad);
 	/* every read of the load failing in turn (its ring's set-up failing is
 	 * no different with one read in flight: test_engine_faults) */
-	ch_cold_fault_loop(&c, "FST_READS_IN_FLIGHT", "1", 256 << 10, "uring_complete", FST_EIO,
-			   "one read in flight per thread");
+	ch_fault_loop(&c, true, "FST_READS_IN_FLIGHT", "1", 256 << 10, "uring_complete", FST_EIO,
+		      "one read in flight per thread");
 	const unsigned threads[] = {1, 4, 16};
-	ch_cold_freed_at_once(&c, "FST_READS_IN_FLIGHT", "1", 64 << 10, threads,
-			      sizeof threads / sizeof *threads);
+	ch_freed_at_once(&c, true, "FST_READS_IN_FLIGHT", "1", 64 << 10, threads,
+			 sizeof threads / sizeof *threads);
 }
 
 /* pread onto a GPU, from the page cache, needing neither io_uring nor
