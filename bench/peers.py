@@ -57,7 +57,9 @@ round where that is not near zero says why its figures moved.
 
 The warm limits are measured twice a round, before its first warm pass and after its
 last, and each ratio is to their mean: a machine whose copies drift within a round shows
-it in the line of limits (start -> end) and in the spread printed below the table. Runs
+it in the line of limits (start -> end) and in the spread printed below the table (every
+warm pass's GB/s and every measurement of each limit, slowest to fastest: which of a loader
+and its limit moved). Runs
 before 2026-12-06e measured them once, at the start of each round. With --passes N
 they are also measured before each sweep after the first (the JSON's `pread_between`,
 `pinned_copy_between`), and the round's limit is the median of its N + 1
@@ -648,6 +650,9 @@ def main():
                 print(f"{mode} round {r + 1}, against the fastest peer ({peers[0][1]}): " +
                       ", ".join(f"{n} {x / peers[0][0]:.3f}x" for x, n in ours))
     summarize(modes, nrounds, [n for n in loaders_shown if n not in PATTERNS], rate, pread)
+    spread = warm_spread(passes, lims, nbytes)
+    if spread:
+        print(spread)
     for line in steal_lines(passes, modes):
         print(line)
     dump()
@@ -682,6 +687,28 @@ def limits_drift(lims):
         parts.append(f"{label} {ends} GB/s (end / start {min(moved):.3f}-{max(moved):.3f}x)")
     return "limits at the start and the end of each round's warm passes: " + \
         "; ".join(parts) if parts else ""
+
+
+def warm_spread(passes, lims, nbytes):
+    """Over every round, the slowest and the fastest warm pass of each loader
+    and the lowest and the highest measurement of each warm limit: a ratio to
+    a limit whose measurements spread wider than the loader's passes moves
+    with the limit, and this line shows which of the two moved. Empty where
+    no loader has two warm passes."""
+    by_loader = {}
+    for p in passes:
+        if p["mode"] == "warm" and p.get("timed_seconds"):
+            by_loader.setdefault(p["loader"], []).append(nbytes / p["timed_seconds"] / 1e9)
+    parts = [(n, v) for n, v in by_loader.items() if len(v) > 1]
+    if not parts:
+        return ""
+    for k, label in (("pread", "pread limit"), ("pinned_copy", "pinned copy limit")):
+        vals = [v for x in lims
+                for v in [x.get(k), *x.get(k + "_between", []), x.get(k + "_end")] if v]
+        if len(vals) > 1:
+            parts.append((label, vals))
+    return "warm, every pass over the rounds, slowest-fastest GB/s (fastest / slowest): " + \
+        "; ".join(f"{n} {min(v):.2f}-{max(v):.2f} ({max(v) / min(v):.3f}x)" for n, v in parts)
 
 
 def summarize(modes, nrounds, loaders, rate, pread):

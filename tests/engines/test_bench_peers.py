@@ -150,6 +150,11 @@ def test_passes_give_each_round_the_median_of_its_sweeps(ckpt, tmp_path):
     assert peers.limit_of(lim, "pread") == statistics.median(got), lim
     assert r.stdout.index("round 1 limits before sweep 2: ") < \
         r.stdout.index("round 1 limits before sweep 3: ") < r.stdout.index("round 1 limits at the end")
+    # below the table, every pass's spread beside every limit measurement's
+    spread = next(x for x in r.stdout.splitlines() if x.startswith("warm, every pass"))
+    fastest = doc["bytes"] / min(p["timed_seconds"] for p in passes if p["loader"] == "fst.load")
+    assert f"fst.load " in spread and f"-{fastest / 1e9:.2f} (" in spread, spread
+    assert f"pread limit {min(got):.2f}-{max(got):.2f} (" in spread, spread
 
 
 def test_limits_between_sweeps_when_a_read_pattern_leads_the_order(ckpt, tmp_path):
@@ -194,6 +199,24 @@ def test_a_rounds_limit_is_the_median_of_its_measurements():
     assert "pread 40.00->50.00, 50.00->45.00 GB/s (end / start 0.900-1.250x)" in drift, drift
     assert "pinned copy" not in drift  # no end measured for it
     assert peers.limits_drift([{"pread": 40.0}]) == ""
+
+
+def test_warm_spread_names_the_loader_and_the_limit_that_moved():
+    gb = 1e9
+    passes = [{"mode": "warm", "loader": "fst.load", "timed_seconds": t} for t in (0.5, 0.4)]
+    passes += [{"mode": "warm", "loader": "once", "timed_seconds": 1.0},
+               {"mode": "cold", "loader": "fst.load", "timed_seconds": 10.0},
+               {"mode": "warm", "loader": "failed", "timed_seconds": None},
+               {"mode": "warm", "loader": "failed", "timed_seconds": None}]
+    lims = [{"pread": 40.0, "pread_between": [60.0], "pread_end": 50.0, "pinned_copy": 54.0},
+            {"pread": 45.0, "pinned_copy": 55.0, "pinned_copy_end": 0}]
+    line = peers.warm_spread(passes, lims, 20 * gb)
+    # a loader with one warm pass, cold passes and failed passes are left out
+    assert line == ("warm, every pass over the rounds, slowest-fastest GB/s (fastest / slowest): "
+                    "fst.load 40.00-50.00 (1.250x); pread limit 40.00-60.00 (1.500x); "
+                    "pinned copy limit 54.00-55.00 (1.019x)"), line
+    # nothing to compare: no loader with two warm passes
+    assert peers.warm_spread(passes[2:], lims, 20 * gb) == ""
 
 
 def test_stolen_cpu_time_from_proc_stat():
