@@ -153,7 +153,7 @@ def test_passes_give_each_round_the_median_of_its_sweeps(ckpt, tmp_path):
     # below the table, every pass's spread beside every limit measurement's
     spread = next(x for x in r.stdout.splitlines() if x.startswith("warm, every pass"))
     fastest = doc["bytes"] / min(p["timed_seconds"] for p in passes if p["loader"] == "fst.load")
-    assert f"fst.load " in spread and f"-{fastest / 1e9:.2f} (" in spread, spread
+    assert "fst.load " in spread and f"-{fastest / 1e9:.2f} (" in spread, spread
     assert f"pread limit {min(got):.2f}-{max(got):.2f} (" in spread, spread
 
 
