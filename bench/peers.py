@@ -376,12 +376,17 @@ def limits(fst_bin, path, device):
             "pinned_copy": rows.get("pinned host-to-device copy limit")}
 
 
-def limit_of(lim, key):
-    """A round's limit: the median of its measurements at the start of the
-    round's warm passes, between its sweeps (--passes) and at their end (the
-    start alone in runs that measured only there); of two, their mean."""
-    vals = [v for v in [lim.get(key), *lim.get(key + "_between", []), lim.get(key + "_end")]
+def measurements(lim, key):
+    """A round's measurements of one limit: at the start of its warm passes,
+    between its sweeps (--passes) and at their end, those that came out."""
+    return [v for v in [lim.get(key), *lim.get(key + "_between", []), lim.get(key + "_end")]
             if v]
+
+
+def limit_of(lim, key):
+    """A round's limit: the median of its measurements (the start alone in
+    runs that measured only there); of two, their mean."""
+    vals = measurements(lim, key)
     return statistics.median(vals) if vals else None
 
 
@@ -703,8 +708,7 @@ def warm_spread(passes, lims, nbytes):
     if not parts:
         return ""
     for k, label in (("pread", "pread limit"), ("pinned_copy", "pinned copy limit")):
-        vals = [v for x in lims
-                for v in [x.get(k), *x.get(k + "_between", []), x.get(k + "_end")] if v]
+        vals = [v for x in lims for v in measurements(x, k)]
         if len(vals) > 1:
             parts.append((label, vals))
     return "warm, every pass over the rounds, slowest-fastest GB/s (fastest / slowest): " + \
