@@ -198,7 +198,7 @@ static int run_slots(struct fsti_engine *e, const struct worker_role *role, void
 		     void *sstate, fst_error *err)
 {
 	const struct fsti_chunk *inflight[FSTI_SLOTS] = {0};
-	double started[FSTI_SLOTS] = {0};
+	double started[FSTI_SLOTS] = {0}; /* when a helper's read began */
 	bool direct[FSTI_SLOTS] = {0}; /* a helper's read with O_DIRECT */
 	int head = 0, count = 0, rc = 0;
 	size_t run = SIZE_MAX;
@@ -237,7 +237,8 @@ static int run_slots(struct fsti_engine *e, const struct worker_role *role, void
 			}
 			char *buf;
 			rc = e->sink->slot_buffer(e, sstate, s, &buf, err);
-			started[s] = fsti_now();
+			if (role->helper)
+				started[s] = fsti_now();
 			if (!rc)
 				rc = role->reader->start(role->src, rstate, s, c->file, c->file_off,
 							 c->len, buf, err);
