@@ -654,7 +654,8 @@ def main():
             if peers and ours:
                 print(f"{mode} round {r + 1}, against the fastest peer ({peers[0][1]}): " +
                       ", ".join(f"{n} {x / peers[0][0]:.3f}x" for x, n in ours))
-    summarize(modes, nrounds, [n for n in loaders_shown if n not in PATTERNS], rate, pread)
+    summarize(modes, nrounds, [n for n in loaders_shown if n not in PATTERNS], rate, pread,
+              copy)
     spread = warm_spread(passes, lims, nbytes)
     if spread:
         print(spread)
@@ -715,10 +716,11 @@ def warm_spread(passes, lims, nbytes):
         "; ".join(f"{n} {min(v):.2f}-{max(v):.2f} ({max(v) / min(v):.3f}x)" for n, v in parts)
 
 
-def summarize(modes, nrounds, loaders, rate, pread):
+def summarize(modes, nrounds, loaders, rate, pread, copy):
     """Over the rounds, each fst loader's standing: in how many rounds it was
     ahead of every peer that ran, the range of its ratio to the round's
-    fastest peer, warm, to the round's pread limit, and for fst's other
+    fastest peer, warm, to the round's pread limit (and in how many of those
+    rounds 0.98x of it was out of any loader's reach), and for fst's other
     loaders (the iterator), to fst.load in the same round. Rounds where it or
     every peer has no figure are left out and the count says so."""
     for mode in modes:
@@ -730,8 +732,9 @@ def summarize(modes, nrounds, loaders, rate, pread):
                                      if not kind(p).startswith("fst.")) if x]
                 if ours and peers:
                     vs_peer.append(ours / max(peers))
-            vs_pread = [x / b for x, b in zip(rate(n, mode), pread) if x and b] \
+            timed = [r for r, (x, b) in enumerate(zip(rate(n, mode), pread)) if x and b] \
                 if mode == "warm" else []
+            vs_pread = [rate(n, mode)[r] / pread[r] for r in timed]
             parts = []
             if vs_peer:
                 parts.append(f"ahead of every peer in {sum(v > 1 for v in vs_peer)} of "
@@ -740,13 +743,23 @@ def summarize(modes, nrounds, loaders, rate, pread):
             if vs_pread:
                 parts.append(f"{min(vs_pread):.3f}-{max(vs_pread):.3f}x the pread limit, "
                              f">= 0.98x in {sum(v >= 0.98 for v in vs_pread)} of "
-                             f"{len(vs_pread)} rounds")
+                             f"{len(vs_pread)} rounds" + beyond_reach(timed, pread, copy))
             vs_load = [x / b for x, b in zip(rate(n, mode), rate("fst.load", mode))
                        if x and b] if n != "fst.load" and "fst.load" in loaders else []
             if vs_load:
                 parts.append(f"{min(vs_load):.3f}-{max(vs_load):.3f}x fst.load")
             if parts:
                 print(f"{mode}, over the rounds: {n} " + "; ".join(parts))
+
+
+def beyond_reach(rounds, pread, copy):
+    """Where a round's pinned copy limit stood below 0.98x its pread limit, no
+    loader onto a GPU could read 0.98x the pread limit: every byte crosses the
+    copy engine, and none passes that limit. Says in how many of the rounds
+    given that was so; empty where in none."""
+    n = sum(1 for r in rounds if copy[r] and pread[r] and copy[r] < 0.98 * pread[r])
+    return f" (out of any loader's reach in {n}: the pinned copy limit below 0.98x the " \
+        "pread limit)" if n else ""
 
 
 if __name__ == "__main__":

@@ -219,6 +219,23 @@ def test_warm_spread_names_the_loader_and_the_limit_that_moved():
     assert peers.warm_spread(passes[2:], lims, 20 * gb) == ""
 
 
+def test_rounds_where_the_pread_ratio_was_out_of_reach(capsys):
+    # round 2's pinned copy limit (54) is below 0.98x its pread limit (58):
+    # no loader onto a GPU passes the copy limit, so none reaches 0.98x there
+    pread, copy = [48.0, 58.0, 50.0], [55.0, 54.0, None]
+    assert peers.beyond_reach([0, 1, 2], pread, copy) == (
+        " (out of any loader's reach in 1: the pinned copy limit below 0.98x the pread limit)")
+    assert peers.beyond_reach([0, 2], pread, copy) == ""  # not a round of these
+    figures = {"fst.load": [49.0, 51.0, None], "peer": [40.0, 42.0, 41.0]}
+    peers.summarize(["warm"], 3, ["fst.load", "peer"], lambda n, mode: figures[n], pread, copy)
+    out = capsys.readouterr().out
+    # round 3 has no fst figure, so two rounds count, one of them out of reach
+    assert ("warm, over the rounds: fst.load ahead of every peer in 2 of 2 rounds, "
+            "1.214-1.225x the fastest; 0.879-1.021x the pread limit, >= 0.98x in 1 of 2 "
+            "rounds (out of any loader's reach in 1: the pinned copy limit below 0.98x the "
+            "pread limit)") in out, out
+
+
 def test_stolen_cpu_time_from_proc_stat():
     before = peers.cpu_ticks()
     assert before and before[0] > 0 and 0 <= before[1] <= before[0]
