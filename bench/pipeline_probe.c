@@ -22,10 +22,14 @@
  *                    then registered with cuMemHostRegister)
  *         pipeline   slots, each chunk copied to its place in one device
  *                    buffer of the files' size; a slot reused after its event
+ *         copies     pipeline with the reads left out: each chunk's copy
+ *                    queued from its slot as it stands, so the copy engine at
+ *                    the pipeline's shape (its copies' size, streams and
+ *                    event waits) with no CPU copy beside it
  *   --threads N (12)  --slots S (3)  --chunk BYTES (3727360: 128 MiB over
  *   12 workers' 3 slots, in 4 KiB, as fst's page-cache staging cuts it)  --runs R (3)
- *   --device I (0)  --shared-stream (pipeline: one stream for all workers)
- *   --blocking (events wait by sleeping, not spinning)  --deferred
+ *   --device I (0)  --shared-stream (pipeline, copies: one stream for all workers)
+ *   --blocking (pipeline, copies: events wait by sleeping, not spinning)  --deferred
  *   (pipeline: a chunk's copy queued only after the worker's next read, as
  *   fst's slot loop did with a synchronous reader and two reads "in flight";
  *   at least 3 slots)  --seconds S (2)
@@ -268,13 +272,15 @@ static void hand_on(const struct run *r, CUstream s, const struct held *h, const
 	pending[h->slot] = true;
 }
 
-/* slots and pipeline: a worker's chunks go through its own slots in turn */
+/* slots, pipeline and copies: a worker's chunks go through its own slots in
+ * turn (copies: nothing read into them) */
 static void *slot_worker(void *arg)
 {
 	struct worker *w = arg;
 	struct run *r = w->r;
 	const struct opts *o = r->o;
-	bool copy = !strcmp(r->mode, "pipeline");
+	bool reads = strcmp(r->mode, "copies") != 0;
+	bool copy = !reads || !strcmp(r->mode, "pipeline");
 	char *mine = r->pinned + (uint64_t)w->id * o->slots * o->chunk;
 	CUstream s = r->shared;
 	CUevent ev[MAX_SLOTS] = {0};
@@ -299,7 +305,8 @@ static void *slot_worker(void *arg)
 		if (pending[turn])
 			cuda_check(cu.EventSynchronize(ev[turn]), "cuEventSynchronize");
 		pending[turn] = false;
-		read_all(r->fs, f, off, len, slot);
+		if (reads)
+			read_all(r->fs, f, off, len, slot);
 		if (!copy)
 			continue;
 		struct held now = {true, turn, r->fs->offset[f] + off, len};
@@ -427,7 +434,7 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: pipeline_probe [--threads N] [--slots S] [--chunk BYTES] "
 			"[--runs R] [--device I] [--shared-stream] [--blocking] [--deferred] "
-			"[--seconds S] [--check] pread|h2d|pread+h2d|slots|pipeline FILE...\n");
+			"[--seconds S] [--check] pread|h2d|pread+h2d|slots|pipeline|copies FILE...\n");
 	exit(2);
 }
 
@@ -455,22 +462,24 @@ int main(int argc, char **argv)
 		default: usage();
 		}
 	}
-	static const char *modes[] = {"pread", "h2d", "pread+h2d", "slots", "pipeline"};
+	static const char *modes[] = {"pread", "h2d", "pread+h2d", "slots", "pipeline", "copies"};
 	const char *mode = optind < argc ? argv[optind++] : "";
+	bool copying = !strcmp(mode, "pipeline") || !strcmp(mode, "copies");
 	bool known = false;
 	for (size_t i = 0; i < sizeof modes / sizeof *modes; i++)
 		known = known || !strcmp(mode, modes[i]);
 	if (!known || optind >= argc || !o.threads || !o.slots || o.slots > MAX_SLOTS ||
 	    o.chunk < 4096 || !o.runs || o.runs > 64 || o.seconds <= 0 ||
 	    (o.deferred && o.slots < 3) ||
-	    ((o.deferred || o.shared_stream || o.blocking || o.check) && strcmp(mode, "pipeline")))
+	    ((o.shared_stream || o.blocking) && !copying) ||
+	    ((o.deferred || o.check) && strcmp(mode, "pipeline")))
 		usage();
 
 	struct files fs = {0};
 	files_open(&fs, argv + optind, (size_t)(argc - optind), o.chunk);
 	struct run r = {.o = &o, .fs = &fs, .mode = mode};
 	bool pread_mode = !strcmp(mode, "pread") || !strcmp(mode, "pread+h2d");
-	bool slot_mode = !strcmp(mode, "slots") || !strcmp(mode, "pipeline");
+	bool slot_mode = !strcmp(mode, "slots") || copying;
 	if (strcmp(mode, "pread"))
 		cuda_open(o.device);
 	/* Every buffer is made and faulted in before any clock starts. */
@@ -493,7 +502,7 @@ int main(int argc, char **argv)
 		r.pinned = p;
 		cuda_check(cu.MemHostRegister(r.pinned, staging, 0), "cuMemHostRegister (slots)");
 	}
-	if (!strcmp(mode, "pipeline")) {
+	if (copying) {
 		cuda_check(cu.MemAlloc(&r.dev_dst, fs.total ? fs.total : 1), "cuMemAlloc");
 		if (o.shared_stream)
 			cuda_check(cu.StreamCreate(&r.shared, CU_STREAM_NON_BLOCKING),

@@ -3,7 +3,9 @@
 # built (its warnings are CI's to catch, not this compiler's to refuse) and
 # swept over one checkpoint in the page cache (docs/design.md,
 # "Past the copy limit"): the CPU's copies out of the page cache alone, the
-# copy engine alone, both at once, and fst's warm pipeline bare, its shape
+# copy engine alone (16 MiB copies on one stream, and at the pipeline's
+# shape: fst's copies with nothing read), both at once, and fst's warm
+# pipeline bare, its shape
 # (workers, slots, chunk, streams, event waits, a copy queued at once or
 # after the next read as fst's slot loop did) varied one thing at a time,
 # the default shape again every few rows to show the machine's drift.
@@ -26,6 +28,9 @@ rows=(
 	"pread --threads 16 --chunk 16777216"
 	"pread --threads 12 --chunk 3727360"
 	"h2d --seconds 2"
+	"copies $def"
+	"copies --threads 12 --slots 3 --chunk 16777216"
+	"copies $def --shared-stream"
 	"pread+h2d --threads 16 --chunk 16777216"
 	"pread+h2d --threads 12 --chunk 3727360"
 	"slots $def"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/pipeline_probe against the libcuda double, whose late copies poison
-# their destinations until done: every mode runs, the pipeline's bytes read
+# their destinations until done: every mode runs (copies too: the copy engine
+# at the pipeline's shape, nothing read), the pipeline's bytes read
 # back equal the files' (four shapes, --deferred among them) (a slot reused before its event, or a copy counted
 # before it lands, reads poison), and bad usage exits 2.
 #   test_pipeline_probe.sh PROBE LIBCUDA_DOUBLE
@@ -28,6 +29,14 @@ for mode in pread slots pread+h2d; do
 done
 out=$("$PROBE" --runs 1 --seconds 0.2 h2d "$dir/a") || fail "h2d: exit $?"
 grep -q '"best_gbps"' <<<"$out" || fail "h2d: $out"
+# the copy engine at the pipeline's shape, nothing read: every byte of the
+# files is still counted, and the slots' copies still wait for their events
+for args in "--threads 3 --chunk 1000000" "--threads 2 --slots 2 --chunk 65536 --shared-stream --blocking"; do
+	# shellcheck disable=SC2086
+	out=$("$PROBE" $args --runs 1 copies "$dir/a" "$dir/b") || fail "copies $args: exit $?: $out"
+	grep -q '"mode": "copies"' <<<"$out" && grep -q '"bytes": 9777778' <<<"$out" ||
+		fail "copies $args: $out"
+done
 
 rc=0; "$PROBE" nonsense "$dir/a" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "an unknown mode exits $rc, not 2"
@@ -36,7 +45,11 @@ rc=0; "$PROBE" --check slots "$dir/a" 2>/dev/null || rc=$?
 rc=0; "$PROBE" --deferred --slots 2 pipeline "$dir/a" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "--deferred with 2 slots exits $rc, not 2"
 rc=0; "$PROBE" --blocking slots "$dir/a" 2>/dev/null || rc=$?
-[ "$rc" = 2 ] || fail "--blocking outside pipeline exits $rc, not 2"
+[ "$rc" = 2 ] || fail "--blocking outside pipeline and copies exits $rc, not 2"
+rc=0; "$PROBE" --deferred copies "$dir/a" 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "--deferred with copies (no reads to defer) exits $rc, not 2"
+rc=0; "$PROBE" --check copies "$dir/a" 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "--check with copies (nothing read to compare) exits $rc, not 2"
 rc=0; "$PROBE" --threads -1 pipeline "$dir/a" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "--threads -1 exits $rc, not 2"
 rc=0; "$PROBE" pipeline "$dir/missing" 2>/dev/null || rc=$?
