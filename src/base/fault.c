@@ -18,7 +18,7 @@
 static const char *const fault_sites[] = {
 	"open", "read", "short_read", "uring_submit", "uring_complete", "mmap", "alloc",
 	"host_alloc", "pin", "device_alloc", "h2d", "event", "cufile_register", "cufile_read",
-	"nccl", "prefetch", "presence",
+	"nccl", "prefetch", "presence", "thread",
 };
 #define NSITES (sizeof fault_sites / sizeof fault_sites[0])
 

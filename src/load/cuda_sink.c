@@ -299,6 +299,17 @@ static int cuda_load_started(struct fsti_engine *e, fst_error *err)
 	return rc;
 }
 
+/* No worker was to wait for staging that load_started will not pin. */
+static void cuda_load_abandoned(struct fsti_engine *e)
+{
+	struct cuda_load *l = e->sink_ctx;
+	pthread_mutex_lock(&l->gate_lock);
+	if (l->gate == PIN_PENDING)
+		l->gate = PIN_FAILED;
+	pthread_cond_broadcast(&l->gate_cond);
+	pthread_mutex_unlock(&l->gate_lock);
+}
+
 static void cuda_load_fini(struct fsti_engine *e)
 {
 	struct cuda_load *l = e->sink_ctx;
@@ -488,6 +499,7 @@ const struct fsti_sink fsti_sink_cuda = {
 	.load_init = cuda_load_init,
 	.load_fini = cuda_load_fini,
 	.load_started = cuda_load_started,
+	.load_abandoned = cuda_load_abandoned,
 	.worker_init = cuda_worker_init,
 	.slot_buffer = cuda_slot_buffer,
 	.deliver = cuda_deliver,

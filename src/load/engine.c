@@ -766,7 +766,8 @@ int fst_load_explain(const fst_checkpoint *ck, const fst_load_opts *opts, char *
 
 /* The load; with pieces, only those, into dst (the caller's memory). */
 /* The reader threads; on a failure to start one, those started are
- * stopped and joined. */
+ * stopped and joined. They may be waiting for the sink's load_started,
+ * which then never runs: the sink lets them go first. */
 static int start_workers(struct fsti_engine *e, fst_error *err)
 {
 	e->threads = fsti_calloc(e->nthreads + 1, sizeof *e->threads);
@@ -774,12 +775,17 @@ static int start_workers(struct fsti_engine *e, fst_error *err)
 		return fsti_err(err, FST_ENOMEM, "out of memory for the loader");
 	e->running = e->nthreads;
 	for (unsigned i = 0; i < e->nthreads; i++) {
-		if (pthread_create(&e->threads[i], NULL, worker_main, e)) {
-			int errnum = errno;
+		/* pthread_create returns its error; it does not set errno */
+		int errnum = fsti_fault("thread");
+		if (!errnum)
+			errnum = pthread_create(&e->threads[i], NULL, worker_main, e);
+		if (errnum) {
 			pthread_mutex_lock(&e->lock);
 			e->running -= e->nthreads - i;
 			pthread_mutex_unlock(&e->lock);
 			atomic_store(&e->stop, 1);
+			if (e->sink && e->sink->load_abandoned)
+				e->sink->load_abandoned(e);
 			join_workers(e);
 			return fsti_err_sys(err, FST_ENOMEM, errnum, "cannot start reader threads");
 		}

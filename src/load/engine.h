@@ -90,6 +90,10 @@ struct fsti_sink {
 	 * on the calling thread once they have started (optional): worker_init
 	 * waits for what it makes. On failure it leaves no worker waiting. */
 	int (*load_started)(struct fsti_engine *e, fst_error *err);
+	/* The load stopped before load_started ran (a worker could not be
+	 * started): lets every worker waiting for what load_started makes go
+	 * on, failing, so that it can be joined. Required with load_started. */
+	void (*load_abandoned)(struct fsti_engine *e);
 	/* Per-worker state, with FSTI_SLOTS landing buffers of slot_bytes. */
 	int (*worker_init)(struct fsti_engine *e, void **state, fst_error *err);
 	/* Slot s's buffer, free to overwrite: waits for copies still reading

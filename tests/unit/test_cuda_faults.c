@@ -4,7 +4,9 @@
  * is clean (FST_EDEVICE with a message, no buffer, no device memory, pinned
  * block or libfst allocation left), no tensor handed out before the error
  * is wrong, the load that finally succeeds is right, and a fault in every
- * h2d call with several workers fails the load naming the device. */
+ * h2d call with several workers fails the load naming the device. A worker
+ * thread that cannot start fails the load cleanly, with workers already
+ * waiting for the staging to be pinned. */
 #include "cuda_helpers.h"
 
 /* Fail the N-th call at a site, N = 1, 2, ... until a load succeeds: every
@@ -126,6 +128,58 @@ static void test_faults_streaming(void **state)
 	run_faults(true);
 }
 
+/* A worker thread that cannot start (FST_FAULT thread:N, as EAGAIN from a
+ * pids limit would): with no staging kept from an earlier load, the workers
+ * already started wait for the loading thread to pin it, which it then never
+ * does. The load lets them go and fails with FST_ENOMEM, whole and streamed,
+ * leaving nothing behind; it once waited for them for ever. */
+static void test_thread_start_fails(void **state)
+{
+	(void)state;
+	ch_ckpt c;
+	ch_write_random("threads", 43, &ch_small_gen, &c);
+	ch_open(&c, c.dir);
+	for (int stream = 0; stream < 2; stream++) {
+		long failures = 0;
+		for (long n = 1;; n++) {
+			if (n > 64)
+				fail_msg("thread:%ld: still failing", n);
+			char spec[64];
+			snprintf(spec, sizeof spec, "thread:%ld:EAGAIN", n);
+			fst_error err;
+			fst_trim(); /* nothing kept: the staging is pinned as the workers start */
+			assert_int_equal(fst_fault_set(spec, &err), 0);
+			fst_load_opts o;
+			ch_opts(&o, "cuda:0", FST_IO_PREAD, 4, 1 * MiB);
+			fst_buffer *buf = NULL;
+			fst_loader *ld = NULL;
+			int rc = stream ? fst_load_start(c.ck, &o, &ld, &err)
+					: fst_load(c.ck, &o, &buf, &err);
+			fst_fault_set(NULL, NULL);
+			if (!rc && stream)
+				rc = fst_loader_finish(ld, &buf, &err);
+			if (!rc) {
+				ch_assert_buffer(&c, buf, 0);
+				fst_buffer_release(buf);
+				ch_assert_clean(spec, c.host_base);
+				break;
+			}
+			failures++;
+			if (rc != FST_ENOMEM)
+				fail_msg("%s: status %d (%s), expected FST_ENOMEM", spec, rc,
+					 err.message);
+			assert_has(err.message, "cannot start reader threads");
+			assert_null(buf);
+			assert_null(ld);
+			ch_assert_clean(spec, c.host_base);
+		}
+		/* the first thread failing, and later ones, with workers waiting */
+		if (failures < 2)
+			fail_msg("only %ld thread start failed", failures);
+	}
+	ch_close(&c);
+}
+
 int main(void)
 {
 	int rc = ch_init();
@@ -134,6 +188,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_faults, ch_reset),
 		cmocka_unit_test_setup(test_faults_streaming, ch_reset),
+		cmocka_unit_test_setup(test_thread_start_fails, ch_reset),
 	};
 	return cmocka_run_group_tests(tests, ch_setup, ch_teardown);
 }

@@ -1,6 +1,6 @@
 /* Description: SQLite-style fault loops over loads: for each fault site
  * (alloc, host_alloc, read, short_read, open, uring_submit, uring_complete,
- * mmap, pin) and each io method that reaches it, fail call N = 1, 2, ...
+ * mmap, pin, thread) and each io method that reaches it, fail call N = 1, 2, ...
  * until the load succeeds. Every failing N must return the site's error
  * code with a message naming the consequence (file and offset for reads),
  * no buffer, no live allocation and no descriptor left; the first N that
@@ -266,6 +266,21 @@ static void test_host_alloc_and_pin(void **state)
 		 EIO, REACHED},
 		{"pin", ":ENOMEM", FST_IO_URING, 1, false, CODES(FST_ENOMEM), "page-lock", false,
 		 false, ENOMEM, REACHED},
+	};
+	run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* A worker thread that cannot start: the ones started are joined, and the
+ * load fails saying why (with one thread, the first start fails; with three,
+ * the second and third fail after workers are running). */
+static void test_thread(void **state)
+{
+	(void)state;
+	static const struct site_case cases[] = {
+		{"thread", ":EAGAIN", FST_IO_PREAD, 0, false, CODES(FST_ENOMEM),
+		 "cannot start reader threads", false, false, EAGAIN, REACHED},
+		{"thread", ":EAGAIN", FST_IO_URING, 0, false, CODES(FST_ENOMEM),
+		 "cannot start reader threads", false, false, EAGAIN, REACHED},
 	};
 	run_cases(cases, sizeof cases / sizeof cases[0]);
 }
@@ -724,6 +739,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_alloc),
 		cmocka_unit_test(test_host_alloc_and_pin),
+		cmocka_unit_test(test_thread),
 		cmocka_unit_test(test_read),
 		cmocka_unit_test(test_open),
 		cmocka_unit_test(test_uring),
