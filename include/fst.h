@@ -88,8 +88,10 @@ FST_API const char *fst_strerror(int code);
  * environment variable FST_FAULT is read once, at the first fault check.
  * Sites: open, read, short_read, uring_submit, uring_complete, mmap, alloc,
  * host_alloc, pin, device_alloc, h2d, event, cufile_register, cufile_read,
- * nccl, prefetch (readahead advice refused: the load is only slower). Returns FST_EUSAGE naming the problem for an unknown site or a bad
- * spec (since 0.1).
+ * nccl, prefetch (readahead advice refused: the load is only slower),
+ * presence (the lock by which loads of the same files see each other
+ * refused), thread (a load's worker thread does not start). Returns
+ * FST_EUSAGE naming the problem for an unknown site or a bad spec (since 0.1).
  */
 FST_API int fst_fault_set(const char *spec, fst_error *err);
 /*
