@@ -318,9 +318,12 @@ typedef struct fst_open_opts {
 	 * SSL_CERT_FILE, else libcurl's own */
 	const char *ca_bundle;
 	/* Retries of a failed request (HTTP 429 or 5xx, a dropped or reset
-	 * connection, a stall): 0 = 5; -1 = none. */
+	 * connection, a stall) in a row; an attempt that brings bytes starts
+	 * the count again: 0 = 5; -1 = none. */
 	int retries;
-	/* Bound on one request's retries together, backoff included: 0 = 60 s */
+	/* Bound on one request's retries together, backoff included, from its
+	 * first failed attempt, whatever bytes later attempts bring: no retry
+	 * starts past it. 0 = 60 s */
 	unsigned retry_time_ms;
 	unsigned connect_timeout_ms; /* 0 = 10 s */
 	/* A transfer below 1 KiB/s for this long fails (and is retried): 0 = 30 s */

@@ -51,7 +51,7 @@ struct request {
 	bool has_total;                                /* range_total was said */
 	char etag[192], last_modified[64];
 	uint64_t got; /* body bytes kept */
-	bool ignored_range, bad_start, too_long;
+	bool ignored_range, bad_start, too_long, past_range;
 	char body[ERROR_BODY + 1]; /* of a response that is not the one wanted */
 	size_t body_len;
 };
@@ -193,6 +193,12 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ctx)
 			q->too_long = true;
 			return 0;
 		}
+		/* only bytes the Content-Range vouches for: a body longer than
+		 * its range is some other bytes after them */
+		if (n > q->range_last - q->range_first + 1 - q->got) {
+			q->past_range = true;
+			return 0;
+		}
 		memcpy(q->dst + q->got, p, n);
 		q->got += n;
 		return n;
@@ -263,7 +269,10 @@ static int set_options(struct fsti_conn *c, const struct fsti_remote *r, bool si
 	/* a connection that stalls fails (and is retried) instead of hanging */
 	SET(FSTI_CURLOPT_LOW_SPEED_LIMIT, 1024L);
 	SET(FSTI_CURLOPT_LOW_SPEED_TIME, (long)FSTI_MAX(1u, (r->stall_timeout_ms + 999) / 1000));
-	SET(FSTI_CURLOPT_CAINFO, r->ca_bundle);
+	/* NULL would not restore libcurl's own CA file but remove it (a
+	 * connection serves one remote's options, so none to undo) */
+	if (r->ca_bundle)
+		SET(FSTI_CURLOPT_CAINFO, r->ca_bundle);
 	/* a handle that signed before keeps its credentials unless told */
 	if (sign || c->signed_before) {
 		SET(FSTI_CURLOPT_USERNAME, sign ? r->key_id : (char *)NULL);
@@ -436,13 +445,15 @@ static bool transient(int code)
 	}
 }
 
-static int changed(const struct target *t, fst_error *err, const char *what, const char *was,
-		   const char *now)
+static int changed(const struct target *t, const struct request *q, fst_error *err,
+		   const char *what, const char *was, const char *now)
 {
+	char at[600];
+	where(at, sizeof at, t, q);
 	return fsti_err(err, FST_ECHANGED,
 			"%s: object changed during the load (its %s was %s, now %s); its bytes "
 			"cannot be trusted",
-			t->name, what, was, now);
+			at, what, was, now);
 }
 
 /* The response's identity against o's; *learn: o's is taken from it (and
@@ -450,11 +461,14 @@ static int changed(const struct target *t, fst_error *err, const char *what, con
 static int check_identity(const struct target *t, struct fsti_object *o, bool *learn,
 			  const struct request *q, fst_error *err)
 {
-	if (!q->has_total)
+	if (!q->has_total) {
+		char at[600];
+		where(at, sizeof at, t, q);
 		return fsti_err(err, FST_EUNSUPPORTED,
 				"%s: the server answered HTTP %ld to a Range request without the "
 				"object's size (Content-Range)",
-				t->name, q->status);
+				at, q->status);
+	}
 	if (*learn) {
 		*learn = false;
 		o->size = q->range_total;
@@ -466,12 +480,12 @@ static int check_identity(const struct target *t, struct fsti_object *o, bool *l
 	if (q->range_total != o->size) {
 		snprintf(was, sizeof was, "%" PRIu64 " bytes", o->size);
 		snprintf(now, sizeof now, "%" PRIu64, q->range_total);
-		return changed(t, err, "size", was, now);
+		return changed(t, q, err, "size", was, now);
 	}
 	if (o->etag[0] && strcmp(o->etag, q->etag))
-		return changed(t, err, "ETag", o->etag, q->etag[0] ? q->etag : "none");
+		return changed(t, q, err, "ETag", o->etag, q->etag[0] ? q->etag : "none");
 	if (o->last_modified[0] && strcmp(o->last_modified, q->last_modified))
-		return changed(t, err, "Last-Modified", o->last_modified,
+		return changed(t, q, err, "Last-Modified", o->last_modified,
 			       q->last_modified[0] ? q->last_modified : "none");
 	return 0;
 }
@@ -505,11 +519,21 @@ static enum verdict judge(struct fsti_conn *c, const struct target *t, struct fs
 		*rc = fsti_err(err, FST_EIO, "%s: response longer than %zu bytes", at, q->max);
 		return FAIL;
 	}
-	if (q->bad_start || q->too_long) {
+	if (q->bad_start && !q->has_range) {
+		*rc = fsti_err(err, FST_EIO,
+			       "%s: the server answered HTTP 206 without a Content-Range naming "
+			       "its bytes: not the bytes asked for",
+			       at);
+		return FAIL;
+	}
+	if (q->bad_start || q->too_long || q->past_range) {
 		*rc = fsti_err(err, FST_EIO,
 			       "%s: the server answered with %s (Content-Range %" PRIu64 "-%" PRIu64
 			       "): not the bytes asked for",
-			       at, q->bad_start ? "other bytes" : "more bytes than asked",
+			       at,
+			       q->bad_start	 ? "other bytes"
+			       : q->too_long ? "more bytes than asked"
+					     : "more bytes than its Content-Range says",
 			       q->range_first, q->range_last);
 		return FAIL;
 	}
@@ -562,7 +586,10 @@ static enum verdict judge(struct fsti_conn *c, const struct target *t, struct fs
 	return DONE;
 }
 
-/* Attempts so far since the last progress, and when the first failed. */
+/* Attempts failed since the last one that brought bytes, and when the
+ * request's first attempt failed (0: none has). The time is not reset by
+ * progress: a connection that drops after every few bytes ends the request
+ * within retry_time_ms, not after one attempt per byte. */
 struct retry {
 	const struct fsti_remote *r;
 	int failures;
@@ -574,7 +601,8 @@ struct retry {
 static bool backoff(struct retry *t, const atomic_int *stop)
 {
 	double now = fsti_now();
-	if (!t->failures++)
+	t->failures++;
+	if (!t->since)
 		t->since = now;
 	if (t->failures > t->r->retries)
 		return false;
@@ -637,11 +665,13 @@ static int get_range(struct fsti_conn *c, struct fsti_object *o, bool learn, uin
 			len = FSTI_MIN(len, o->size - off);
 		}
 		if (v == RETRY || !q.got) {
+			char at[600];
+			where(at, sizeof at, &t, &q);
 			if (v == DONE)
-				fsti_err(err, FST_EIO, "%s: the server answered with no bytes", t.name);
+				fsti_err(err, FST_EIO, "%s: the server answered with no bytes", at);
 			if (!backoff(&tries, stop)) {
 				if (stop && atomic_load(stop))
-					return fsti_err(err, FST_ECANCELED, "%s: cancelled", t.name);
+					return fsti_err(err, FST_ECANCELED, "%s: cancelled", at);
 				note_spent(&tries, err);
 				return err ? err->code : FST_EIO;
 			}

@@ -25,6 +25,11 @@ Modes (counters are per file and mode, reset by GET /reset):
   redirect    one redirect to /ok/...
   stall       the headers of data requests, then nothing (until the client leaves)
   slow        data requests answered at about 2 MiB/s
+  overlong    data requests: a Content-Range naming the first half of the
+              bytes asked, and a body of all of them whose second half is
+              0xEE (other bytes than the file's)
+  dribble     every data request: its headers, 2 KiB of the body, then the
+              connection closed (progress on every attempt, never done)
 
 Every request's method, path and headers go to --log as one JSON line, so
 tests can check what the client sent (signatures, If-Match). Loopback only.
@@ -148,10 +153,14 @@ class Handler(BaseHTTPRequestHandler):
             f.seek(a)
             body = f.read(b - a + 1)
         data_request = a > 0
+        said = b
+        if mode == "overlong" and data_request and b > a:
+            said = a + (b - a + 1) // 2 - 1
+            body = body[:said - a + 1] + b"\xee" * (b - said)
         self.send_response(206)
         for k, v in ident:
             self.send_header(k, v)
-        self.send_header("Content-Range", f"bytes {a}-{b}/{size}")
+        self.send_header("Content-Range", f"bytes {a}-{said}/{size}")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if mode == "stall" and data_request:
@@ -169,6 +178,11 @@ class Handler(BaseHTTPRequestHandler):
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                        struct.pack("ii", 1, 0))
             self.connection.close()
+            self.close_connection = True
+            return
+        if mode == "dribble" and data_request:
+            self.wfile.write(body[:2048])
+            self.wfile.flush()
             self.close_connection = True
             return
         if mode == "short" and data_request:

@@ -2,7 +2,9 @@
  * fault-injecting server of tests/remote/server.py on loopback: every byte
  * equal to the local files whatever the threads and request sizes, whole
  * and streamed, with progress; resumed after a reset connection and over
- * short honest answers; an object that changes fails with FST_ECHANGED;
+ * short honest answers; an object that changes fails with FST_ECHANGED; a
+ * body past its Content-Range fails keeping none of it; a connection that
+ * drops after every few bytes ends within the retry time;
  * fst_loader_cancel stops a transfer that stalls at once; io=mmap, pread,
  * uring and gds=on refused; fst_file_read; onto cuda:0 through the libcuda
  * double when ctest gives one (label cuda-double). "nocurl": with
@@ -242,6 +244,67 @@ static void test_changed_fails(void **state)
 	fst_checkpoint_close(ck);
 }
 
+/* A 206 whose body runs past its Content-Range (the rest some other bytes):
+ * the load fails naming the range, and keeps none of those bytes. */
+static void test_body_past_its_range_fails(void **state)
+{
+	(void)state;
+	fst_checkpoint *ck;
+	fst_error err;
+	assert_int_equal(open_remote("overlong", &ck, &err), 0);
+	fst_buffer *buf;
+	assert_int_equal(fst_load(ck, NULL, &buf, &err), FST_EIO);
+	assert_null(buf);
+	assert_has(err.message, "/overlong/ck/");
+	assert_has(err.message, "more bytes than its Content-Range says");
+	fst_checkpoint_close(ck);
+	/* one read of a whole file: nothing of the lie lands either */
+	char url[512];
+	url_of(url, sizeof url, "overlong", 0);
+	fst_file *f;
+	assert_int_equal(fst_file_open(url, &f, &err), 0);
+	uint64_t n = fst_file_size(f) - 64;
+	unsigned char *got = malloc(n);
+	memset(got, 0, n);
+	assert_int_equal(fst_file_read(f, 64, got, n, &err), FST_EIO);
+	for (uint64_t i = 0; i < n; i++)
+		if (got[i] == 0xEE && files.bytes[0][64 + i] != 0xEE)
+			fail_msg("byte %llu of the read is the server's 0xEE",
+				 (unsigned long long)(64 + i));
+	free(got);
+	fst_file_close(f);
+}
+
+/* A connection that drops after every 2 KiB: each attempt brings bytes, so
+ * the retries in a row never run out, but the time does (retry_time_ms from
+ * the request's first failure); it once went on for one attempt per 2 KiB. */
+static void test_dribbling_server_ends_in_time(void **state)
+{
+	(void)state;
+	char url[512];
+	url_of(url, sizeof url, "dribble", 0);
+	fst_open_opts oo;
+	fst_open_opts_init(&oo);
+	oo.retry_time_ms = 1500;
+	fst_checkpoint *ck;
+	fst_error err;
+	assert_int_equal(fst_checkpoint_open_ex(url, &oo, &ck, &err), 0);
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.threads = 1;
+	o.chunk_bytes = 8u << 20;
+	fst_buffer *buf;
+	double t0 = test_now_s();
+	assert_int_equal(fst_load(ck, &o, &buf, &err), FST_EIO);
+	double secs = test_now_s() - t0;
+	assert_null(buf);
+	assert_has(err.message, "/dribble/ck/");
+	assert_has(err.message, "attempt");
+	if (secs > 6)
+		fail_msg("%.1f s with a retry time of 1.5 s: %s", secs, err.message);
+	fst_checkpoint_close(ck);
+}
+
 static void test_cancel_stops_a_stall(void **state)
 {
 	(void)state;
@@ -371,6 +434,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_resumed),
 		cmocka_unit_test(test_streamed_with_progress),
 		cmocka_unit_test(test_changed_fails),
+		cmocka_unit_test(test_body_past_its_range_fails),
+		cmocka_unit_test(test_dribbling_server_ends_in_time),
 		cmocka_unit_test(test_cancel_stops_a_stall),
 		cmocka_unit_test(test_refused),
 		cmocka_unit_test(test_file_read),
