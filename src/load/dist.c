@@ -311,6 +311,7 @@ struct sharded {
 	struct fst_buffer *b;
 	struct fsti_plan_tensor *pieces; /* one group's reads */
 	CUdeviceptr scratch, temp;
+	uint64_t group_limit; /* broadcast bytes per pipeline step */
 	CUevent queued[2]; /* the end of the last two groups' collectives */
 	/* this rank's first read failure: it goes on with the collectives, and
 	 * the ranks agree on it at the end */
@@ -432,6 +433,12 @@ static int sharded_check(struct sharded *s, const fst_load_opts *opts, fst_buffe
 	return 0;
 }
 
+/* cuMemAlloc, or the fault site device_alloc's failure. */
+static CUresult device_alloc(const struct fsti_cuda *cu, CUdeviceptr *p, uint64_t n)
+{
+	return fsti_fault("device_alloc") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY : cu->cuMemAlloc_v2(p, n);
+}
+
 /* The buffer: its table mirrors the layout, shapes cut to the shards, in
  * one device allocation. */
 static int sharded_buffer(struct sharded *s, fst_error *err)
@@ -449,8 +456,7 @@ static int sharded_buffer(struct sharded *s, fst_error *err)
 	b->device_ctx = (void *)cu;
 	uint64_t size = s->d.dst_bytes ? s->d.dst_bytes : 1;
 	CUdeviceptr base = 0;
-	CUresult cr = fsti_fault("device_alloc") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY
-						 : cu->cuMemAlloc_v2(&base, size);
+	CUresult cr = device_alloc(cu, &base, size);
 	if (cr)
 		return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate %" PRIu64 " bytes",
 				      s->c->device, s->d.dst_bytes);
@@ -472,19 +478,18 @@ static int sharded_buffer(struct sharded *s, fst_error *err)
 	return 0;
 }
 
-/* Device memory for the transfer: the owned inner-dim shards' scratch (a
- * failure there is a read failure, agreed on at the end), the broadcast
- * copy and the events (a failure there is agreed on before any broadcast,
- * in load_sharded). */
+/* Device memory for the transfer: the owned inner-dim shards' scratch, the
+ * broadcast copy and the events; a failure in any is agreed on before any
+ * broadcast, in load_sharded, so every rank fails at once. */
 static int sharded_memory(struct sharded *s, fst_error *err)
 {
 	const struct fsti_cuda *cu = s->c->cu;
 	CUresult cr;
-	if (s->d.scratch_bytes && (cr = cu->cuMemAlloc_v2(&s->scratch, s->d.scratch_bytes)))
-		s->read_rc = fsti_cuda_fail(cu, cr, &s->rerr, "cuda:%d: cannot allocate %" PRIu64
-							      " bytes of scratch",
-					    s->c->device, s->d.scratch_bytes);
-	if (s->d.temp_bytes && (cr = cu->cuMemAlloc_v2(&s->temp, s->d.temp_bytes)))
+	if (s->d.scratch_bytes && (cr = device_alloc(cu, &s->scratch, s->d.scratch_bytes)))
+		return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate %" PRIu64
+						   " bytes of scratch",
+				      s->c->device, s->d.scratch_bytes);
+	if (s->d.temp_bytes && (cr = device_alloc(cu, &s->temp, s->d.temp_bytes)))
 		return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate %" PRIu64 " bytes",
 				      s->c->device, s->d.temp_bytes);
 	for (int k = 0; k < 2; k++)
@@ -492,19 +497,6 @@ static int sharded_memory(struct sharded *s, fst_error *err)
 			return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot create an event",
 					      s->c->device);
 	return 0;
-}
-
-/* The end of the group of tensors starting at i0: limit bytes of broadcast,
- * at least one tensor. */
-static size_t group_end(const struct fsti_dist *d, size_t i0, uint64_t limit)
-{
-	size_t i1 = i0;
-	uint64_t group = 0;
-	while (i1 < d->n && (i1 == i0 || group < limit)) {
-		group += d->t[i1].contiguous ? 0 : d->t[i1].full_bytes;
-		i1++;
-	}
-	return i1;
 }
 
 /* This rank's reads among tensors [i0, i1): into the buffer, then into the
@@ -606,11 +598,13 @@ static int sharded_agree(struct sharded *s, fst_error *err)
 static int sharded_transfer(struct sharded *s, fst_error *err)
 {
 	int rc = 0;
-	const uint64_t limit = group_bytes();
+	const uint64_t limit = s->group_limit;
 	for (size_t i0 = 0, k = 0; i0 < s->d.n && !rc; k++) {
-		size_t i1 = group_end(&s->d, i0, limit);
+		size_t i1 = fsti_dist_group_end(&s->d, i0, limit);
 		read_group(s, i0, i1);
 		CUevent ev = s->queued[k % 2];
+		/* group k - 2's broadcasts done: group k + 1 may then be read
+		 * into the scratch they sent from (FSTI_DIST_RING is 3) */
 		if (k >= 2)
 			rc = wait_pair(s->c, s->node, s->bc, ev, "broadcasting the checkpoint", err);
 		for (size_t i = i0; i < i1 && !rc; i++)
@@ -689,6 +683,10 @@ static int load_sharded(const char *fn, const fst_checkpoint *ck, const fst_load
 			      s.bc->world, s.opts.align, &s.d, err);
 	if (rc)
 		return rc;
+	/* the owner's scratch: three groups' worth, reused (sharded_transfer
+	 * reads a group only once the broadcasts out of its slot are done) */
+	s.group_limit = group_bytes();
+	fsti_dist_scratch_ring(&s.d, c->rank, s.group_limit, s.opts.align);
 	void *saved = fsti_cuda_save();
 	fsti_err_clear(&s.rerr);
 	fst_error merr;

@@ -127,3 +127,64 @@ void fsti_dist_free(struct fsti_dist *d)
 	memset(d, 0, sizeof *d);
 }
 
+
+size_t fsti_dist_group_end(const struct fsti_dist *d, size_t i0, uint64_t limit)
+{
+	size_t i1 = i0;
+	uint64_t group = 0;
+	while (i1 < d->n && (i1 == i0 || group < limit)) {
+		group += d->t[i1].contiguous ? 0 : d->t[i1].full_bytes;
+		i1++;
+	}
+	return i1;
+}
+
+/* Whether rank reads t into its scratch: an inner-dim shard it owns. */
+static bool in_scratch(const struct fsti_dist_tensor *t, int rank)
+{
+	return !t->contiguous && t->dim >= 0 && t->owner == rank;
+}
+
+/* The span of the scratch tensors of rank in [i0, i1) (*first: the lowest
+ * offset; 0 bytes where none). place() puts a rank's scratch tensors at
+ * rising aligned offsets in table order, so the first is the lowest. */
+static uint64_t group_span(const struct fsti_dist *d, int rank, size_t i0, size_t i1,
+			   uint64_t *first)
+{
+	uint64_t end = 0;
+	*first = UINT64_MAX;
+	for (size_t i = i0; i < i1; i++) {
+		const struct fsti_dist_tensor *t = &d->t[i];
+		if (!in_scratch(t, rank))
+			continue;
+		if (*first == UINT64_MAX)
+			*first = t->scratch_off;
+		end = t->scratch_off + t->full_bytes;
+	}
+	return *first == UINT64_MAX ? 0 : end - *first;
+}
+
+void fsti_dist_scratch_ring(struct fsti_dist *d, int rank, uint64_t limit, uint32_t align)
+{
+	uint64_t slot = 0, first;
+	size_t ngroups = 0;
+	for (size_t i0 = 0, i1; i0 < d->n; i0 = i1, ngroups++) {
+		i1 = fsti_dist_group_end(d, i0, limit);
+		slot = FSTI_MAX(slot, group_span(d, rank, i0, i1, &first));
+	}
+	slot = (slot + align - 1) & ~(uint64_t)(align - 1);
+	uint64_t ring = FSTI_MIN(ngroups, (size_t)FSTI_DIST_RING) * slot;
+	if (ring >= d->scratch_bytes)
+		return; /* few groups: the whole load's is no larger */
+	size_t k = 0;
+	for (size_t i0 = 0, i1; i0 < d->n; i0 = i1, k++) {
+		i1 = fsti_dist_group_end(d, i0, limit);
+		if (!group_span(d, rank, i0, i1, &first))
+			continue;
+		for (size_t i = i0; i < i1; i++)
+			if (in_scratch(&d->t[i], rank))
+				d->t[i].scratch_off = k % FSTI_DIST_RING * slot +
+						      (d->t[i].scratch_off - first);
+	}
+	d->scratch_bytes = ring;
+}

@@ -44,4 +44,23 @@ int fsti_dist_layout(const fst_checkpoint *ck, fsti_filter_fn filter, void *filt
 		     struct fsti_dist *out, fst_error *err);
 void fsti_dist_free(struct fsti_dist *d);
 
+/* A load moves its tensors in steps (groups): from tensor i0 on, tensors
+ * until limit bytes of broadcast are reached, at least one. Returns the end
+ * of the group that starts at i0. */
+size_t fsti_dist_group_end(const struct fsti_dist *d, size_t i0, uint64_t limit);
+
+/* Groups whose scratch is in use at once: a group is read into its slot
+ * only once the broadcasts of the group FSTI_DIST_RING before it are done. */
+#define FSTI_DIST_RING 3
+
+/*
+ * The owner's scratch as a ring of FSTI_DIST_RING groups' worth instead of
+ * the whole load's (whose inner-dim tensors can be a third of a model): the
+ * inner-dim tensors rank owns in group k go to slot k % FSTI_DIST_RING, as
+ * far apart as the layout placed them, each slot as large as the largest
+ * group's (align-rounded); scratch_bytes becomes the ring's. Where the
+ * ring would be no smaller (three groups or fewer), nothing changes.
+ */
+void fsti_dist_scratch_ring(struct fsti_dist *d, int rank, uint64_t limit, uint32_t align);
+
 #endif

@@ -453,9 +453,11 @@ static void test_bad_node_communicators(void **state)
  * its own error, holding own (and own_rc, unless 0); every other rank returns others_rc with
  * others, well within the 20 s timeout; the next load over the same
  * communicators is whole. */
-static void one_rank_fails(const struct scenario *sc, const char *dir, uint64_t seed,
+/* Returns false, having checked every rank's load, where the fault never
+ * fired (no rank failed); with must_fire, that fails the test. */
+static bool one_rank_fails(const struct scenario *sc, const char *dir, uint64_t seed,
 			   const char *fault, const char *own, int own_rc, int others_rc,
-			   const char *others)
+			   const char *others, bool must_fire)
 {
 	ch_ckpt c;
 	ch_write_random(dir, seed, &ch_small_gen, &c);
@@ -465,6 +467,18 @@ static void one_rank_fails(const struct scenario *sc, const char *dir, uint64_t 
 	struct run run;
 	run_ranks(&run, sc, &c, dims);
 	fst_fault_set(NULL, NULL);
+	bool fired = false;
+	for (int r = 0; r < WORLD; r++)
+		fired |= run.out[r].rc != 0;
+	if (!fired && !must_fire) {
+		for (int r = 0; r < WORLD; r++)
+			assert_shards(&c, dims, run.out[r].buf, r, fault);
+		release_all(&run);
+		ch_assert_clean(fault, c.host_base);
+		free(dims);
+		ch_close(&c);
+		return false;
+	}
 	int mine = 0;
 	for (int r = 0; r < WORLD; r++) {
 		const struct rank_out *o = &run.out[r];
@@ -492,6 +506,7 @@ static void one_rank_fails(const struct scenario *sc, const char *dir, uint64_t 
 	ch_assert_clean(sc->name, c.host_base);
 	free(dims);
 	ch_close(&c);
+	return true;
 }
 
 static void test_read_failure(void **state)
@@ -499,7 +514,7 @@ static void test_read_failure(void **state)
 	(void)state;
 	static const struct scenario sc = {"a read fails", 2, false, NULL, -1, false, 20000, true};
 	one_rank_fails(&sc, "dist-fail", 23, "read:1", "read of", FST_EIO, FST_EIO,
-		       "another rank could not read its share");
+		       "another rank could not read its share", true);
 }
 
 static void test_allocation_failure(void **state)
@@ -510,7 +525,26 @@ static void test_allocation_failure(void **state)
 	static const struct scenario sc = {"an allocation fails", 2, false, NULL, -1, false, 20000,
 					   true};
 	one_rank_fails(&sc, "dist-alloc", 26, "device_alloc:1", "cannot allocate", 0, FST_EDEVICE,
-		       "another rank could not allocate its memory for the load");
+		       "another rank could not allocate its memory for the load", true);
+	/* and each later allocation of a load: a rank's buffer, the scratch it
+	 * reads owned inner-dim tensors into, its broadcast copy; a scratch
+	 * that could not be had was once found out only at the end, the others
+	 * having read everything first ("could not read its share") */
+	int fired = 1;
+	for (long n = 2;; n++) {
+		if (n > 64)
+			fail_msg("device_alloc:%ld still fails a load", n);
+		char spec[32];
+		snprintf(spec, sizeof spec, "device_alloc:%ld", n);
+		if (!one_rank_fails(&sc, "dist-alloc", 26, spec, "cannot allocate", 0, FST_EDEVICE,
+				    "another rank could not allocate its memory for the load",
+				    false))
+			break;
+		fired++;
+	}
+	/* four buffers, four broadcast copies, and at least one scratch */
+	if (fired < 9)
+		fail_msg("only %d allocations of a load failed it", fired);
 }
 
 static void test_vanished_rank(void **state)

@@ -10,7 +10,8 @@
  * format check. For worlds 2, 4 and 8 and every node size dividing them:
  * every byte is read once in the group with one node, every broadcast
  * tensor once per node with several, and the ranks' read bytes balance
- * (the bound is derived in assert_balanced). Skips where the filesystem
+ * (the bound is derived in assert_balanced), and the owners' scratch, as a
+ * load rings it, stays within three 256 MiB steps. Skips where the filesystem
  * refuses files that large. */
 #include "helpers.h"
 
@@ -300,6 +301,20 @@ static void check_model(struct model *m)
 			char what[96];
 			snprintf(what, sizeof what, "%s, world %d, nodes of %d", m->dir, world, ns);
 			assert_balanced(reads, own, world, biggest, what);
+			/* the owner's scratch, as a load sizes it: three 256 MiB
+			 * steps' worth at most, whatever the model (without the
+			 * ring, 24 GB a rank for Llama-3-70B at world 2) */
+			uint64_t most = 0, whole = 0;
+			for (int r = 0; r < world; r++) {
+				whole = d[r].scratch_bytes > whole ? d[r].scratch_bytes : whole;
+				fsti_dist_scratch_ring(&d[r], r, 256ull << 20, 256);
+				most = d[r].scratch_bytes > most ? d[r].scratch_bytes : most;
+			}
+			assert_true(most <= FSTI_DIST_RING * ((256ull << 20) + biggest + (1ull << 20)));
+			if (world == 2 && ns == 2)
+				print_message("%s: scratch %.2f GB a rank at most, %.2f GB before the "
+					      "ring\n",
+					      what, most / 1e9, whole / 1e9);
 			for (int r = 0; r < world; r++)
 				fsti_dist_free(&d[r]);
 		}
