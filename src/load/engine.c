@@ -606,7 +606,13 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		return NULL;
 	}
 	pthread_mutex_init(&e->lock, NULL);
-	pthread_cond_init(&e->cond, NULL);
+	/* timed waits (progress) on the monotonic clock: a step of the wall
+	 * clock neither stops nor floods the reports */
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&e->cond, &ca);
+	pthread_condattr_destroy(&ca);
 	e->ck = ck;
 	e->pieces_only = pieces != NULL;
 	int rc = fsti_load_opts_check(opts, &e->opts, err);
@@ -1009,7 +1015,7 @@ static void wait_workers(struct fsti_engine *e, bool report)
 			continue;
 		}
 		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
+		clock_gettime(CLOCK_MONOTONIC, &ts);
 		ts.tv_nsec += 100 * 1000000;
 		if (ts.tv_nsec >= 1000000000) {
 			ts.tv_sec++;
