@@ -268,7 +268,8 @@ static int set_options(struct fsti_conn *c, const struct fsti_remote *r, bool si
 	SET(FSTI_CURLOPT_CONNECTTIMEOUT_MS, (long)r->connect_timeout_ms);
 	/* a connection that stalls fails (and is retried) instead of hanging */
 	SET(FSTI_CURLOPT_LOW_SPEED_LIMIT, 1024L);
-	SET(FSTI_CURLOPT_LOW_SPEED_TIME, (long)FSTI_MAX(1u, (r->stall_timeout_ms + 999) / 1000));
+	SET(FSTI_CURLOPT_LOW_SPEED_TIME,
+	    (long)FSTI_MAX(1u, ((uint64_t)r->stall_timeout_ms + 999) / 1000));
 	/* NULL would not restore libcurl's own CA file but remove it (a
 	 * connection serves one remote's options, so none to undo) */
 	if (r->ca_bundle)

@@ -135,6 +135,14 @@ int fsti_s3_parse_page(const char *what, const char *xml, size_t len, const char
 				"%s: the listing is not an S3 ListBucketResult (an S3 endpoint? "
 				"first bytes: \"%.60s\")",
 				what, xml);
+	/* a page cut short (a body with no length, a dropped connection that
+	 * still ended the transfer) would list fewer keys without a word */
+	bool closed = false;
+	for (const char *s = root; s + 19 <= end && !closed; s++)
+		closed = !memcmp(s, "</ListBucketResult>", 19);
+	if (!closed)
+		return fsti_err(err, FST_EIO,
+				"%s: the listing ends before </ListBucketResult>: cut short", what);
 	size_t plen = strlen(prefix), vn;
 	const char *p = root, *v;
 	while ((v = element(p, end, "Contents", &vn))) {

@@ -372,6 +372,8 @@ static void test_listing_pages(void **state)
 		 "a Key with a bad XML reference"},
 		{"<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
 		 "truncated but has no NextContinuationToken"},
+		{"<ListBucketResult><Contents><Key>m/a</Key></Contents><Contents><Ke",
+		 "ends before </ListBucketResult>: cut short"},
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		names = NULL;
