@@ -213,8 +213,9 @@ void fsti_presence_leave(struct fsti_presence *p);
 
 /* ---- page cache residency (residency.c) */
 
-/* Fraction (0..1) of the checkpoint's data pages resident in the page cache,
- * sampled; -1 when it cannot be told. Each file is sampled with mincore
+/* Fraction (0..1) of the checkpoint's bytes resident in the page cache,
+ * sampled (each file's sample weighted by its size); -1 when it cannot be
+ * told. Each file is sampled with mincore
  * where mincore can tell, else by reads that only take what the page cache
  * holds (preadv2 RWF_NOWAIT). */
 double fsti_cached_fraction(const fst_checkpoint *ck);
@@ -224,7 +225,8 @@ enum fsti_residency_probe { FSTI_RESIDENCY_AUTO, FSTI_RESIDENCY_MINCORE, FSTI_RE
 double fsti_cached_fraction_by(const fst_checkpoint *ck, enum fsti_residency_probe how);
 /* Whether mincore reports the page cache of the file open as fd: Linux
  * answers only for its owner, a caller who could open it for writing, or
- * one with CAP_FOWNER, and calls every page resident for the others. */
+ * one with CAP_FOWNER whose user namespace maps the file's owner and group,
+ * and calls every page resident for the others. */
 bool fsti_mincore_tells(int fd);
 
 #endif

@@ -54,12 +54,34 @@ static bool has_cap_fowner(void)
 	return found && ((caps >> CAP_FOWNER_BIT) & 1);
 }
 
+/* Whether id, as this process sees it, is mapped in its user namespace
+ * (map: /proc/self/uid_map or gid_map). An id the namespace does not map
+ * shows as the overflow id (65534), which the map's ranges leave out. */
+static bool id_mapped(const char *map, unsigned long long id)
+{
+	FILE *f = fopen(map, "re");
+	if (!f)
+		return true; /* no user namespaces: every id is the host's */
+	unsigned long long inside, outside, count;
+	bool mapped = false;
+	while (!mapped && fscanf(f, "%llu %llu %llu", &inside, &outside, &count) == 3)
+		mapped = id >= inside && id - inside < count;
+	fclose(f);
+	return mapped;
+}
+
 bool fsti_mincore_tells(int fd)
 {
 	struct stat st;
 	if (fstat(fd, &st))
 		return false;
-	if (st.st_uid == geteuid() || has_cap_fowner())
+	if (st.st_uid == geteuid())
+		return true;
+	/* CAP_FOWNER counts only for a file whose owner and group the caller's
+	 * user namespace maps (root in a rootless container holds it, and a
+	 * model store of an unmapped host user is not its to tell about) */
+	if (has_cap_fowner() && id_mapped("/proc/self/uid_map", st.st_uid) &&
+	    id_mapped("/proc/self/gid_map", st.st_gid))
 		return true;
 	/* the kernel's test: could this file be opened for writing (a
 	 * read-only mount says no, as it does to the kernel) */
@@ -169,7 +191,10 @@ static int sample_nowait(const fst_file *f, uint64_t size, uint64_t page, uint64
 double fsti_cached_fraction_by(const fst_checkpoint *ck, enum fsti_residency_probe how)
 {
 	const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-	uint64_t resident = 0, probed = 0;
+	/* each file's sampled share weighted by its bytes: files are sampled
+	 * with about as many pages whatever their size, and an 8 MiB file
+	 * beside a 5 GB one must not decide for both */
+	double cached = 0, total = 0;
 	for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++) {
 		const fst_file *f = fst_checkpoint_file(ck, i);
 		uint64_t size = fst_file_size(f);
@@ -178,12 +203,17 @@ double fsti_cached_fraction_by(const fst_checkpoint *ck, enum fsti_residency_pro
 			continue;
 		bool mincore_ok = how == FSTI_RESIDENCY_MINCORE ||
 				  (how == FSTI_RESIDENCY_AUTO && fsti_mincore_tells(fd));
+		uint64_t resident = 0, probed = 0;
 		int rc = mincore_ok ? sample_mincore(fd, size, page, &resident, &probed)
 				    : sample_nowait(f, size, page, &resident, &probed);
 		if (rc)
 			return -1;
+		if (probed) {
+			cached += (double)size * (double)resident / (double)probed;
+			total += (double)size;
+		}
 	}
-	return probed ? (double)resident / (double)probed : 1.0;
+	return total > 0 ? cached / total : 1.0;
 }
 
 double fsti_cached_fraction(const fst_checkpoint *ck)

@@ -4,11 +4,16 @@
  * the caller neither owns nor could write (a root-owned model read by a
  * service user, where Linux's mincore calls every page resident), the
  * sample still says cold when it is cold and warm when it is warm; a second
- * sample of a cold file says cold too (its windows are not the first's). */
+ * sample of a cold file says cold too (its windows are not the first's).
+ * Files count by their bytes: a small file beside a large one decides
+ * nothing for it. In a user namespace that does not map a file's owner,
+ * CAP_FOWNER does not make mincore tell. */
 #include "io.h"
 #include "load_helpers.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -20,6 +25,29 @@ static char dir[600];
 static char path[700];
 static fst_checkpoint *ck;
 
+/* A file of one U8 tensor, name, of `bytes` after a header padded to 4096
+ * bytes. */
+static int write_file(const char *at, const char *name, unsigned bytes)
+{
+	char header[4096 - 8];
+	int n = snprintf(header, sizeof header,
+			 "{\"%s\":{\"dtype\":\"U8\",\"shape\":[%u],\"data_offsets\":[0,%u]}}",
+			 name, bytes, bytes);
+	memset(header + n, ' ', sizeof header - (size_t)n);
+	uint64_t len = sizeof header;
+	FILE *f = fopen(at, "wb");
+	if (!f)
+		return -1;
+	fwrite(&len, 8, 1, f);
+	fwrite(header, 1, sizeof header, f);
+	char block[4096];
+	for (unsigned i = 0; i < bytes / sizeof block; i++) {
+		memset(block, (int)(i * 131u), sizeof block);
+		fwrite(block, 1, sizeof block, f);
+	}
+	return fclose(f) ? -1 : 0;
+}
+
 /* One U8 tensor of FILE_BYTES: the data starts after a header padded to
  * 4096 bytes, so the file's pages are the tensor's. */
 static int group_setup(void **state)
@@ -29,23 +57,7 @@ static int group_setup(void **state)
 	if (!mkdtemp(dir))
 		return -1;
 	snprintf(path, sizeof path, "%s/model.safetensors", dir);
-	char header[4096 - 8];
-	int n = snprintf(header, sizeof header,
-			 "{\"t\":{\"dtype\":\"U8\",\"shape\":[%u],\"data_offsets\":[0,%u]}}",
-			 FILE_BYTES, FILE_BYTES);
-	memset(header + n, ' ', sizeof header - (size_t)n);
-	uint64_t len = sizeof header;
-	FILE *f = fopen(path, "wb");
-	if (!f)
-		return -1;
-	fwrite(&len, 8, 1, f);
-	fwrite(header, 1, sizeof header, f);
-	char block[4096];
-	for (unsigned i = 0; i < FILE_BYTES / sizeof block; i++) {
-		memset(block, (int)(i * 131u), sizeof block);
-		fwrite(block, 1, sizeof block, f);
-	}
-	if (fclose(f))
+	if (write_file(path, "t", FILE_BYTES))
 		return -1;
 	ck = lh_open(path);
 	return 0;
@@ -59,12 +71,12 @@ static int group_teardown(void **state)
 	return 0;
 }
 
-/* Read [0, len) of the file through the page cache, and no more: a
+/* Read [0, len) of fd's file through the page cache, and no more: a
  * descriptor of its own with the kernel's readahead off. */
-static void read_prefix(uint64_t len)
+static void read_prefix_of(int file_fd, uint64_t len)
 {
 	char self[64];
-	snprintf(self, sizeof self, "/proc/self/fd/%d", fst_file_fd(fst_checkpoint_file(ck, 0)));
+	snprintf(self, sizeof self, "/proc/self/fd/%d", file_fd);
 	int fd = open(self, O_RDONLY | O_CLOEXEC);
 	assert_true(fd >= 0);
 	assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM), 0);
@@ -75,6 +87,11 @@ static void read_prefix(uint64_t len)
 		off += (uint64_t)got;
 	}
 	close(fd);
+}
+
+static void read_prefix(uint64_t len)
+{
+	read_prefix_of(fst_file_fd(fst_checkpoint_file(ck, 0)), len);
 }
 
 /* Whether eviction works here (not on tmpfs): else the test skips. */
@@ -176,11 +193,123 @@ static void test_not_the_owner(void **state)
 		fail_msg("as another user: check %d failed", WEXITSTATUS(status));
 }
 
+/* A checkpoint of the large file and a 2 MiB one: whichever of the two is
+ * in the page cache, the fraction is that of the bytes, not of the files
+ * (each file's sample was once counted alike, so the small file alone in
+ * the page cache read as half the checkpoint's). */
+static void test_files_count_by_their_bytes(void **state)
+{
+	(void)state;
+	if (!evicted())
+		skip();
+	char small_path[720];
+	snprintf(small_path, sizeof small_path, "%s/small.safetensors", dir);
+	assert_int_equal(write_file(small_path, "small", 2u << 20), 0);
+	fst_file *fs[2];
+	fst_error err;
+	assert_int_equal(fst_file_open(path, &fs[0], &err), 0);
+	assert_int_equal(fst_file_open(small_path, &fs[1], &err), 0);
+	fst_checkpoint *two;
+	assert_int_equal(fst_checkpoint_from_files(fs, 2, &two, &err), 0);
+	double share = (double)fst_file_size(fs[1]) / (double)(fst_file_size(fs[0]) +
+							      fst_file_size(fs[1]));
+	static const enum fsti_residency_probe probes[] = {FSTI_RESIDENCY_MINCORE,
+							    FSTI_RESIDENCY_NOWAIT};
+	for (int p = 0; p < 2; p++) {
+		/* the small file alone */
+		for (int i = 0; i < 100 && fsti_cached_fraction_by(two, FSTI_RESIDENCY_MINCORE) > 0;
+		     i++) {
+			lh_evict(two);
+			usleep(20000);
+		}
+		read_prefix_of(fst_file_fd(fs[1]), fst_file_size(fs[1]));
+		double f = fsti_cached_fraction_by(two, probes[p]);
+		if (f < 0)
+			break; /* no RWF_NOWAIT here */
+		if (f > share + 0.02)
+			fail_msg("probe %d, the small file cached: %.3f, its share %.3f", p, f, share);
+		/* the large file alone */
+		read_prefix_of(fst_file_fd(fs[0]), fst_file_size(fs[0]));
+		int small_fd = fst_file_fd(fs[1]);
+		assert_int_equal(posix_fadvise(small_fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+		f = fsti_cached_fraction_by(two, probes[p]);
+		if (f < 1 - share - 0.02)
+			fail_msg("probe %d, the large file cached: %.3f, its share %.3f", p, f,
+				 1 - share);
+	}
+	fst_checkpoint_close(two);
+	unlink(small_path);
+}
+
+/* The child: in a user namespace of its own, mapping only its own ids, a
+ * file of an unmapped owner (shown as 65534), which it cannot write, is not
+ * one mincore tells about, though the namespace gives it CAP_FOWNER. 0, 77
+ * where no user namespace can be made, else the check that failed. */
+static int in_a_user_namespace(const char *file)
+{
+	char map[64];
+	unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
+	if (unshare(CLONE_NEWUSER))
+		return 77;
+	/* setgroups denied first, or gid_map cannot be written */
+	int fd = open("/proc/self/setgroups", O_WRONLY);
+	if (fd >= 0) {
+		if (write(fd, "deny", 4) != 4)
+			return 77;
+		close(fd);
+	}
+	static const char *const maps[] = {"/proc/self/uid_map", "/proc/self/gid_map"};
+	for (int k = 0; k < 2; k++) {
+		int n = snprintf(map, sizeof map, "0 %u 1", k ? gid : uid);
+		fd = open(maps[k], O_WRONLY);
+		if (fd < 0 || write(fd, map, (size_t)n) != n)
+			return 77;
+		close(fd);
+	}
+	int file_fd = open(file, O_RDONLY | O_CLOEXEC);
+	if (file_fd < 0)
+		return 1;
+	if (fsti_mincore_tells(file_fd))
+		return 2;
+	close(file_fd);
+	return 0;
+}
+
+static void test_user_namespace(void **state)
+{
+	(void)state;
+	if (geteuid() != 0)
+		skip(); /* it takes root to give a file to another owner */
+	char other[720];
+	snprintf(other, sizeof other, "%s/other.safetensors", dir);
+	assert_int_equal(write_file(other, "t", 1u << 20), 0);
+	assert_int_equal(chown(other, 1234, 1234), 0);
+	assert_int_equal(chmod(other, 0444), 0);
+	int fd = open(other, O_RDONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_true(fsti_mincore_tells(fd)); /* root of the first namespace: CAP_FOWNER */
+	close(fd);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0)
+		_exit(in_a_user_namespace(other));
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	unlink(other);
+	assert_true(WIFEXITED(status));
+	if (WEXITSTATUS(status) == 77)
+		skip(); /* user namespaces refused here */
+	if (WEXITSTATUS(status))
+		fail_msg("in a user namespace: check %d failed", WEXITSTATUS(status));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_probes_agree),
 		cmocka_unit_test(test_not_the_owner),
+		cmocka_unit_test(test_files_count_by_their_bytes),
+		cmocka_unit_test(test_user_namespace),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
