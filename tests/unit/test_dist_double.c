@@ -534,7 +534,7 @@ static void test_allocation_failure(void **state)
 	for (long n = 2;; n++) {
 		if (n > 64)
 			fail_msg("device_alloc:%ld still fails a load", n);
-		char spec[32];
+		char spec[64];
 		snprintf(spec, sizeof spec, "device_alloc:%ld", n);
 		if (!one_rank_fails(&sc, "dist-alloc", 26, spec, "cannot allocate", 0, FST_EDEVICE,
 				    "another rank could not allocate its memory for the load",
