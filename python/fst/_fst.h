@@ -36,6 +36,12 @@ typedef struct {
 } CheckpointObject;
 
 extern PyTypeObject fstpy_CheckpointType;
+/* 0 where ck holds an open checkpoint, else -1 with ValueError set (an
+ * object made by __new__ whose __init__ never ran, or failed). */
+int fstpy_checkpoint_ready(const CheckpointObject *ck);
+/* name's UTF-8, or NULL with an exception set; *nul: it holds a NUL
+ * character, so no tensor has that name (names are C strings). */
+const char *fstpy_tensor_name(PyObject *name, int *nul);
 
 /* ---- _fst_tensor.c */
 

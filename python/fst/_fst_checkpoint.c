@@ -13,8 +13,31 @@ static void Checkpoint_dealloc(CheckpointObject *self)
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+int fstpy_checkpoint_ready(const CheckpointObject *ck)
+{
+	if (ck->ck)
+		return 0;
+	PyErr_SetString(PyExc_ValueError, "the Checkpoint is not open (its __init__ did not run "
+					  "or failed)");
+	return -1;
+}
+
+const char *fstpy_tensor_name(PyObject *name, int *nul)
+{
+	Py_ssize_t len;
+	const char *s = PyUnicode_AsUTF8AndSize(name, &len);
+	*nul = s && strlen(s) != (size_t)len;
+	return s;
+}
+
 static int Checkpoint_init(CheckpointObject *self, PyObject *args, PyObject *kw)
 {
+	/* a second __init__ would drop the open checkpoint while another
+	 * thread's load may be reading it */
+	if (self->ck) {
+		PyErr_SetString(PyExc_RuntimeError, "the Checkpoint is already open");
+		return -1;
+	}
 	static char *kwlist[] = {"path", "endpoint", "region", "profile", "unsigned", NULL};
 	PyObject *pathobj;
 	fst_open_opts o;
@@ -72,6 +95,8 @@ static PyObject *Checkpoint_from_bytes(PyObject *cls, PyObject *args)
 static PyObject *Checkpoint_keys(CheckpointObject *self, PyObject *unused)
 {
 	(void)unused;
+	if (fstpy_checkpoint_ready(self))
+		return NULL;
 	size_t n = fst_checkpoint_tensor_count(self->ck);
 	PyObject *list = PyList_New((Py_ssize_t)n);
 	for (size_t i = 0; list && i < n; i++) {
@@ -85,9 +110,14 @@ static PyObject *Checkpoint_keys(CheckpointObject *self, PyObject *unused)
 /* (dtype, shape, nbytes, file index, file offset) of a tensor, or None */
 static PyObject *Checkpoint_info(CheckpointObject *self, PyObject *name)
 {
-	const char *s = PyUnicode_AsUTF8(name);
+	if (fstpy_checkpoint_ready(self))
+		return NULL;
+	int nul;
+	const char *s = fstpy_tensor_name(name, &nul);
 	if (!s)
 		return NULL;
+	if (nul)
+		Py_RETURN_NONE;
 	long i = fst_checkpoint_find(self->ck, s);
 	if (i < 0)
 		Py_RETURN_NONE;
@@ -102,6 +132,8 @@ static PyObject *Checkpoint_info(CheckpointObject *self, PyObject *name)
 static PyObject *Checkpoint_files(CheckpointObject *self, PyObject *unused)
 {
 	(void)unused;
+	if (fstpy_checkpoint_ready(self))
+		return NULL;
 	size_t n = fst_checkpoint_file_count(self->ck);
 	PyObject *list = PyList_New((Py_ssize_t)n);
 	for (size_t i = 0; list && i < n; i++)
@@ -113,7 +145,7 @@ static PyObject *Checkpoint_files(CheckpointObject *self, PyObject *unused)
 static PyObject *Checkpoint_metadata(CheckpointObject *self, PyObject *args)
 {
 	Py_ssize_t fi = 0;
-	if (!PyArg_ParseTuple(args, "|n", &fi))
+	if (fstpy_checkpoint_ready(self) || !PyArg_ParseTuple(args, "|n", &fi))
 		return NULL;
 	if (fi < 0 || (size_t)fi >= fst_checkpoint_file_count(self->ck)) {
 		PyErr_SetString(PyExc_IndexError, "file index out of range");

@@ -32,6 +32,11 @@ static int Comm_init(CommObject *self, PyObject *args, PyObject *kw)
 	static char *kwlist[] = {"world", "rank", "unique_id", "device", "timeout_ms", NULL};
 	int world, rank, device, timeout_ms = 0;
 	Py_buffer id;
+	/* a second __init__ would leak the communicator it replaced */
+	if (self->comm) {
+		PyErr_SetString(PyExc_RuntimeError, "the Comm is already initialized");
+		return -1;
+	}
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "iiy*i|i", kwlist, &world, &rank, &id, &device,
 					 &timeout_ms))
 		return -1;
@@ -90,7 +95,8 @@ PyObject *fstpy_load_sharded(PyObject *mod, PyObject *args, PyObject *kw)
 	unsigned long long staging = 0;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O|iIKO", kwlist,
 					 &fstpy_CheckpointType, &ck, &fstpy_CommType, &comm,
-					 &dims_obj, &io, &threads, &staging, &node_obj))
+					 &dims_obj, &io, &threads, &staging, &node_obj) ||
+	    fstpy_checkpoint_ready(ck))
 		return NULL;
 	if (node_obj != Py_None && !PyObject_TypeCheck(node_obj, &fstpy_CommType))
 		return PyErr_Format(PyExc_TypeError, "node must be a Comm or None, not %s",

@@ -109,7 +109,8 @@ static int parse_load_args(PyObject *args, PyObject *kw, CheckpointObject **ck,
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|siIKKiIOOpiKK", kwlist,
 					 &fstpy_CheckpointType, ck, &device, &io, &threads, &chunk,
 					 &staging, &gds, &align, &names, &allocator, &mmap_private,
-					 &unified, &readahead, &stream))
+					 &unified, &readahead, &stream) ||
+	    fstpy_checkpoint_ready(*ck))
 		return -1;
 	fst_load_opts_init(&la->opts);
 	snprintf(la->device, sizeof la->device, "%s", device);
@@ -202,10 +203,11 @@ static PyObject *Buffer_names(BufferObject *self, PyObject *unused)
 
 static PyObject *Buffer_tensor(BufferObject *self, PyObject *name)
 {
-	const char *s = PyUnicode_AsUTF8(name);
+	int nul;
+	const char *s = fstpy_tensor_name(name, &nul);
 	if (!s)
 		return NULL;
-	long i = fst_buffer_find(self->buf, s);
+	long i = nul ? -1 : fst_buffer_find(self->buf, s);
 	if (i < 0) {
 		PyErr_SetObject(PyExc_KeyError, name);
 		return NULL;
@@ -286,6 +288,9 @@ typedef struct {
 	fst_loader *ld;
 	PyObject *checkpoint; /* kept alive while the loader runs */
 	struct load_args la;
+	/* a next() runs with the GIL released: no other next() or finish()
+	 * may use the loader meanwhile (finish would free it under next) */
+	int busy;
 } LoaderObject;
 
 static void Loader_dealloc(LoaderObject *self)
@@ -310,6 +315,7 @@ PyObject *fstpy_start(PyObject *mod, PyObject *args, PyObject *kw)
 		return NULL;
 	self->ld = NULL;
 	self->checkpoint = NULL;
+	self->busy = 0;
 	CheckpointObject *ck;
 	if (parse_load_args(args, kw, &ck, &self->la)) {
 		Py_DECREF(self); /* Loader_dealloc frees what parse_load_args made */
@@ -334,6 +340,17 @@ static const fst_checkpoint *loader_checkpoint(LoaderObject *self)
 	return self->checkpoint ? ((CheckpointObject *)self->checkpoint)->ck : NULL;
 }
 
+/* Whether another thread's next() has the loader (RuntimeError set,
+ * saying what to do instead). */
+static int loader_busy(const LoaderObject *self, const char *what, const char *instead)
+{
+	if (!self->busy)
+		return 0;
+	PyErr_Format(PyExc_RuntimeError,
+		     "%s: another thread's next() is waiting on this loader; %s", what, instead);
+	return 1;
+}
+
 /* The next ready tensor, or None when all were handed out. */
 static PyObject *Loader_next(LoaderObject *self, PyObject *unused)
 {
@@ -342,12 +359,16 @@ static PyObject *Loader_next(LoaderObject *self, PyObject *unused)
 		PyErr_SetString(PyExc_RuntimeError, "loader already finished");
 		return NULL;
 	}
+	if (loader_busy(self, "next()", "one next() at a time"))
+		return NULL;
 	fst_tensor_view v;
 	fst_error err;
 	int rc;
+	self->busy = 1;
 	Py_BEGIN_ALLOW_THREADS
 	rc = fst_loader_next(self->ld, &v, &err);
 	Py_END_ALLOW_THREADS
+	self->busy = 0;
 	if (rc < 0)
 		return fstpy_raise_at(rc, &err, loader_checkpoint(self), NULL);
 	if (rc == 0)
@@ -379,6 +400,9 @@ static PyObject *Loader_finish(LoaderObject *self, PyObject *unused)
 		PyErr_SetString(PyExc_RuntimeError, "loader already finished");
 		return NULL;
 	}
+	if (loader_busy(self, "finish()",
+			"cancel() it, and finish() once that next() has returned"))
+		return NULL;
 	fst_loader *ld = self->ld;
 	self->ld = NULL;
 	fst_buffer *buf = NULL;

@@ -1,0 +1,132 @@
+"""The extension's objects used out of order: a second __init__, an object
+made by __new__ alone, a loader finished while another thread's next()
+waits on it, tensor names holding a NUL. Each is refused with an error
+naming what happened, never a crash, a leak or a wrong tensor."""
+import os
+
+import numpy as np
+import pytest
+
+import fsttest
+from fsttest import write_safetensors
+
+
+@pytest.fixture
+def small(tmp_path):
+    p = tmp_path / "m.safetensors"
+    write_safetensors(p, [(f"t{i}", "F32", [1000], np.full(1000, i, np.float32).tobytes())
+                          for i in range(400)])
+    return str(p)
+
+
+def test_second_checkpoint_init_refused(fst_pkg, small):
+    from fst import _fst
+    ck = _fst.Checkpoint(small)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        with pytest.raises(RuntimeError, match="the Checkpoint is already open"):
+            ck.__init__(small)
+    # the open checkpoint was neither replaced nor leaked
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert ck.info("t7")[0] == "F32"
+
+
+def test_checkpoint_never_opened_refused(fst_pkg, small, run_python):
+    # in a process of its own: each of these once crashed it
+    r = run_python(f"""
+from fst import _fst
+raw = _fst.Checkpoint.__new__(_fst.Checkpoint)
+failed = _fst.Checkpoint.__new__(_fst.Checkpoint)
+try:
+    failed.__init__({small!r} + ".missing")
+    raise SystemExit("a missing file opened")
+except FileNotFoundError:
+    pass
+calls = [raw.keys, raw.files, raw.metadata, lambda: raw.info("t0"),
+         lambda: _fst.load(raw), lambda: _fst.start(raw), failed.keys]
+for call in calls:
+    try:
+        call()
+        raise SystemExit("no error")
+    except ValueError as e:
+        assert "the Checkpoint is not open" in str(e), e
+print("ok")
+""")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_names_holding_a_nul_match_nothing(fst_pkg, small):
+    from fst import _fst
+    ck = _fst.Checkpoint(small)
+    assert ck.info("t1") is not None
+    assert ck.info("t1\x00x") is None  # once t1's
+    buf = _fst.load(ck)
+    with pytest.raises(KeyError):
+        buf.tensor("t1\x00x")
+    with pytest.raises(fst_pkg.UsageError, match="t1"):
+        fst_pkg.load(small, framework="numpy", names=["t1\x00x"])
+
+
+def test_finish_while_another_thread_waits_in_next(fst_pkg, small, run_python):
+    """finish() freed the loader under a next() waiting in another thread
+    (a crash in 2 runs of 3 of this loop); it now refuses while that next()
+    runs, and the loader is finished once the other thread is done."""
+    r = run_python(f"""
+import threading
+import fst
+from fst import _fst
+ck = _fst.Checkpoint({small!r})
+refused = finished = 0
+for _ in range(300):
+    ld = _fst.start(ck, threads=2)
+    def drain():
+        try:
+            while ld.next() is not None:
+                pass
+        except RuntimeError as e:
+            assert "loader already finished" in str(e), e
+    t = threading.Thread(target=drain)
+    t.start()
+    try:
+        ld.finish()
+        finished += 1
+    except RuntimeError as e:
+        assert "another thread's next() is waiting on this loader" in str(e), e
+        refused += 1
+        ld.cancel()
+        t.join()
+        try:
+            ld.finish()
+        except fst.CancelledError:
+            pass
+    t.join()
+    try:
+        ld.finish()
+        raise SystemExit("finished twice")
+    except RuntimeError as e:
+        assert "loader already finished" in str(e), e
+print("refused", refused, "finished", finished)
+""", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    refused = int(r.stdout.split()[1])
+    assert refused > 0, r.stdout  # the race was met, not missed
+
+
+def test_second_comm_init_refused(fst_pkg, run_python, cuda_double):
+    nccl = os.environ.get("FST_NCCL_DOUBLE") or str(fsttest.FST_BIN.parent / "tests" /
+                                                    "libfst_nccl_double.so")
+    if not os.path.isfile(nccl):
+        pytest.skip(f"NCCL test double not built at {nccl}")
+    r = run_python("""
+from fst import _fst
+uid = _fst.comm_unique_id()
+c = _fst.Comm(1, 0, uid, 0)
+for _ in range(50):
+    try:
+        c.__init__(1, 0, uid, 0)
+        raise SystemExit("a second __init__ was taken")
+    except RuntimeError as e:
+        assert "the Comm is already initialized" in str(e), e
+print("ok")
+""", env={"FST_CUDA_LIBRARY": cuda_double, "FST_NCCL_LIBRARY": nccl})
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
