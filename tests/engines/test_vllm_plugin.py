@@ -262,3 +262,73 @@ def test_tensor_parallel_reads_each_file_once(model_dir, free_port, run_ranks):
         assert ("Loading safetensors with fst" in p.stderr) == (r == 0)
     assert not reads[0] & reads[1]
     assert reads[0] | reads[1] == {f"model-{k}-of-10.safetensors" for k in range(1, 11)}
+
+
+def _write_raw(path, tensors):
+    """A safetensors file of (name, dtype, shape, bytes), in that order:
+    sub-byte dtypes (F4, F6) that torch cannot save."""
+    import json
+    import struct
+    header, off = {}, 0
+    for name, dtype, shape, data in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(data)]}
+        off += len(data)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(t[3] for t in tensors))
+
+
+@pytest.fixture
+def moe_dir(tmp_path):
+    """Three shards of a mixture of experts: four experts a layer, each with
+    a BF16 weight, F4 blocks whose rows are whole bytes ([4, 6]) and F4 and
+    F6 ones whose rows are not (flat), and a replicated gate."""
+    d = tmp_path / "moe"
+    d.mkdir()
+    g = torch.Generator().manual_seed(1)
+
+    def raw(n):
+        return bytes(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).tolist())
+
+    for k in range(1, 4):
+        tensors = []
+        for e in range(4):
+            p = f"model.layers.{k}.mlp.experts.{e}."
+            w = torch.randn(4, 6, generator=g).to(torch.bfloat16)
+            tensors += [(p + "w1.weight", "BF16", [4, 6], w.view(torch.uint8).numpy().tobytes()),
+                        (p + "w1.blocks", "F4", [4, 6], raw(12)),
+                        (p + "w2.blocks", "F4", [2, 3], raw(3)),
+                        (p + "w3.blocks", "F6_E2M3", [4, 2], raw(6))]
+        gate = torch.randn(4, 4, generator=g)
+        tensors.append((f"model.layers.{k}.mlp.gate.weight", "F32", [4, 4],
+                        gate.numpy().tobytes()))
+        _write_raw(d / f"model-{k}-of-3.safetensors", tensors)
+    return str(d)
+
+
+def test_expert_parallel_ranks_get_their_own_experts(moe_dir, free_port, run_ranks):
+    """Each rank wants other experts: a file's reader carries what any rank
+    wants, and each rank gets exactly its own, with the dtypes and shapes
+    fst gives in one process (F4 rows of whole bytes as float4_e2m1fn_x2,
+    the others flat). The reader's list once stood for every rank's: the
+    other rank got the reader's experts under its own experts' names."""
+    out = run_ranks(os.path.join(HERE, "vllm_rank.py"), 2, moe_dir, free_port, "ep")
+    for r, p in enumerate(out):
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert lines and lines[-1].split()[1] == "equal", (r, p.stdout[-2000:])
+
+
+def test_a_read_that_fails_on_one_rank_fails_every_rank(model_dir, free_port, run_ranks):
+    """Rank 1's first data read fails: it raises its own error, and rank 0
+    one naming rank 1, before any broadcast, instead of waiting for bytes
+    that never come."""
+    out = run_ranks(os.path.join(HERE, "vllm_rank.py"), 2, model_dir, free_port, "fail",
+                    timeout=120)
+    said = []
+    for p in out:
+        assert p.returncode == 3, p.stdout[-2000:] + p.stderr[-3000:]
+        said.append(next(ln for ln in p.stdout.splitlines() if ln.startswith("FAILED ")))
+    assert "read of" in said[1], said
+    assert "rank 1 could not read its file" in said[0] and "read of" in said[0], said

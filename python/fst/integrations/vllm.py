@@ -127,13 +127,22 @@ def fst_weights_iterator(files: Sequence[str], use_tqdm_on_load: bool,
 
     files = sorted(files, key=_natural_key)
     options = dict(options or {})
-    cks = [fst.Checkpoint(f) for f in files]
+    rank, world, cpu_group, device_group = _world()
+    cks: List["fst.Checkpoint"] = []
+    error = None
+    try:
+        cks = [fst.Checkpoint(f) for f in files]
+    except Exception as e:  # a file this rank cannot open (its node's copy)
+        error = e
+    if world > 1:
+        _agree(error, rank, world, cpu_group, "open the checkpoint")
+    elif error is not None:
+        raise error
     wanted: List[Optional[List[str]]] = []
     for ck in cks:
         names = ck.keys()
         wanted.append(None if local_expert_ids is None else
                       [n for n in names if not should_skip_weight(n, local_expert_ids)])
-    rank, world, cpu_group, device_group = _world()
     device = _device()
     total = sum(sum(ck.info(n)[2] for n in (w if w is not None else ck.keys()))
                 for ck, w in zip(cks, wanted))
@@ -152,7 +161,18 @@ def fst_weights_iterator(files: Sequence[str], use_tqdm_on_load: bool,
                     yield name, t
             return
         group = device_group if device.startswith("cuda") else cpu_group
-        for name, t in _broadcast_files(cks, wanted, rank, world, device, group, options):
+        # with expert parallelism each rank wants other experts: a file's
+        # owner reads and broadcasts what any rank wants, and each rank
+        # keeps its own (the owner's list once stood for every rank's)
+        carried = wanted
+        if local_expert_ids is not None:
+            everyone = _gather(local_expert_ids, world, cpu_group)
+            carried = [None if any(ids is None for ids in everyone) else
+                       [n for n in ck.keys()
+                        if any(not should_skip_weight(n, ids) for ids in everyone)]
+                       for ck in cks]
+        for name, t in _broadcast_files(cks, carried, wanted, rank, world, device, group,
+                                        cpu_group, options):
             if bar is not None:
                 bar.update(t.numel() * t.element_size())
             yield name, t
@@ -161,11 +181,44 @@ def fst_weights_iterator(files: Sequence[str], use_tqdm_on_load: bool,
             bar.close()
 
 
-def _broadcast_files(cks, wanted, rank: int, world: int, device: str, group, options: dict):
+def _gather(obj, world: int, cpu_group):
+    """obj of every rank, in rank order (over the CPU group: plain objects)."""
+    import torch.distributed as dist
+    out = [None] * world
+    dist.all_gather_object(out, obj, group=cpu_group)
+    return out
+
+
+def _agree(error: Optional[BaseException], rank: int, world: int, cpu_group,
+           what: str) -> None:
+    """Raise on every rank if a step failed on any: the failing rank's own
+    error there, an error naming that rank elsewhere, instead of the others
+    waiting in the next collective for a rank that has left."""
+    import fst
+    # a failure that is not fst's (out of memory in torch, ...) counts as
+    # a device failure, as fastsafetensors' layer counts it
+    mine = None if error is None else (type(error).__name__, str(error),
+                                       getattr(error, "code", -5))
+    statuses = _gather(mine, world, cpu_group)
+    if error is not None:
+        raise error
+    for r, status in enumerate(statuses):
+        if status is not None:
+            name, message, code = status
+            cls = getattr(fst, name, None)
+            if not (isinstance(cls, type) and issubclass(cls, fst.SafetensorError)):
+                cls = fst.SafetensorError
+            raise cls(f"rank {r} could not {what}: {message}", code)
+
+
+def _broadcast_files(cks, carried, wanted, rank: int, world: int, device: str, group,
+                     cpu_group, options: dict):
     """Files in rounds of `world`: in a round, rank k reads file
-    round * world + k (all ranks read at once), then each file's tensors are
-    broadcast from its reader, in header order, which every rank knows
-    without reading any data."""
+    round * world + k (all ranks read at once), the ranks agree that every
+    read succeeded, then each file's tensors are broadcast from its reader,
+    in header order, which every rank knows without reading any data.
+    carried[i]: the names of file i that any rank wants (None: all), which
+    its reader reads and broadcasts; wanted[i]: those this rank yields."""
     import torch
     import torch.distributed as dist
     import fst
@@ -173,12 +226,18 @@ def _broadcast_files(cks, wanted, rank: int, world: int, device: str, group, opt
     for start in range(0, len(cks), world):
         batch = list(range(start, min(start + world, len(cks))))
         mine: Dict[str, object] = {}
+        error = None
         if rank < len(batch):
             i = batch[rank]
-            mine = fst.load(cks[i], device, names=wanted[i], **options)
+            try:
+                mine = fst.load(cks[i], device, names=carried[i], **options)
+            except Exception as e:  # every rank hears of it before any broadcast
+                error = e
+        _agree(error, rank, world, cpu_group, "read its file")
         for owner, i in enumerate(batch):
             ck = cks[i]
-            names = wanted[i] if wanted[i] is not None else ck.keys()
+            names = carried[i] if carried[i] is not None else ck.keys()
+            keep = None if wanted[i] is None else set(wanted[i])
             src = dist.get_global_rank(group, owner) if group is not None else owner
             for name in names:
                 dtype, shape, nbytes = ck.info(name)
@@ -192,6 +251,8 @@ def _broadcast_files(cks, wanted, rank: int, world: int, device: str, group, opt
                     # bytes, not typed values: every dtype (float8, float4)
                     # travels, whatever the backend supports
                     dist.broadcast(flat, src=src, group=group)
+                if keep is not None and name not in keep:
+                    continue  # another rank's expert
                 if t is None:
                     t = _typed(flat, dtype, shape, device)
                 yield name, t
@@ -207,8 +268,16 @@ def _typed(flat, dtype: str, shape, device: str):
         view = fst._torch_dtypes().get(dtype) or _TORCH_PLAIN.get(dtype, torch.uint8)
         return torch.empty(tuple(shape), dtype=view, device=device)
     view = fst._torch_dtypes().get(dtype) or _TORCH_PLAIN.get(dtype)
-    if view is None:  # F4 and F6 come as bytes, last dimension in bytes (docs/python.md)
-        return flat.reshape(tuple(shape[:-1]) + (-1,)) if shape else flat
+    if view is None:
+        # F4 and F6 as the reader's rank has them (docs/python.md): the last
+        # dimension in bytes where a row is whole bytes (F4 then torch's
+        # float4_e2m1fn_x2 where it has it), else flat
+        bits = 4 if dtype == "F4" else 6
+        if not shape or shape[-1] * bits % 8:
+            return flat
+        t = flat.reshape(tuple(shape[:-1]) + (shape[-1] * bits // 8,))
+        f4 = getattr(torch, "float4_e2m1fn_x2", None) if dtype == "F4" else None
+        return t.view(f4) if f4 is not None else t
     return flat.view(view).reshape(tuple(shape))
 
 
