@@ -228,6 +228,9 @@ FST_API long fst_file_find(const fst_file *file, const char *name);
 
 /* Number of __metadata__ entries (since 0.1). */
 FST_API size_t fst_file_metadata_count(const fst_file *file);
+/* 1 where the header has a __metadata__ object, even an empty one; 0 where
+ * it has none (or null) (since 0.1). */
+FST_API int fst_file_has_metadata(const fst_file *file);
 /* Entry i of __metadata__, in the order of the header (since 0.1). */
 FST_API int fst_file_metadata(const fst_file *file, size_t i, const char **key,
 			      const char **value);
@@ -397,7 +400,9 @@ FST_API int fst_writer_add(fst_writer *w, const char *name, fst_dtype dtype, uin
 FST_API int fst_writer_add_fill(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
 				const uint64_t *shape, fst_fill_fn fill, void *ctx,
 				fst_error *err);
-/* Set __metadata__[key] = value (since 0.1). */
+/* Set __metadata__[key] = value; key and value both NULL: write
+ * __metadata__ even with no entries, as {} (as the reference writer does
+ * for metadata={}) (since 0.1). */
 FST_API int fst_writer_metadata(fst_writer *w, const char *key, const char *value,
 				fst_error *err);
 /*

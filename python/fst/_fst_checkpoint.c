@@ -152,8 +152,8 @@ static PyObject *Checkpoint_metadata(CheckpointObject *self, PyObject *args)
 		return NULL;
 	}
 	const fst_file *f = fst_checkpoint_file(self->ck, (size_t)fi);
-	if (!fst_file_metadata_count(f))
-		Py_RETURN_NONE;
+	if (!fst_file_has_metadata(f))
+		Py_RETURN_NONE; /* as the reference: {} only for a __metadata__ of no entries */
 	PyObject *d = PyDict_New();
 	for (size_t i = 0; d && i < fst_file_metadata_count(f); i++) {
 		const char *k, *v;

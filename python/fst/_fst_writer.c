@@ -74,6 +74,9 @@ PyObject *fstpy_save(PyObject *mod, PyObject *args)
 			PyErr_SetString(PyExc_TypeError, "metadata must be a dict of str to str");
 			goto out;
 		}
+		/* {} is written as {}, as the reference writes it */
+		if ((rc = fst_writer_metadata(w, NULL, NULL, &err)))
+			goto fail;
 		while (PyDict_Next(metadata, &pos, &k, &v)) {
 			const char *ks = PyUnicode_AsUTF8(k), *vs = PyUnicode_AsUTF8(v);
 			if (!ks || !vs) {

@@ -432,6 +432,7 @@ long fst_file_find(const fst_file *f, const char *name)
 }
 
 size_t fst_file_metadata_count(const fst_file *f) { return f->nmeta; }
+int fst_file_has_metadata(const fst_file *f) { return f->has_meta; }
 
 int fst_file_metadata(const fst_file *f, size_t i, const char **key, const char **value)
 {

@@ -122,6 +122,7 @@ static int parse_metadata(fst_file *f, const char *name, json_t *meta, fst_error
 	if (!json_is_object(meta))
 		return fsti_err(err, FST_EFORMAT,
 				"%s: __metadata__ must be an object of string values", name);
+	f->has_meta = true;
 	size_t n = json_object_size(meta);
 	f->meta_keys = fsti_calloc(n, sizeof(char *));
 	f->meta_values = fsti_calloc(n, sizeof(char *));

@@ -42,6 +42,7 @@ struct fst_file {
 	struct fsti_tensor *tensors; /* sorted by (begin, end) */
 	size_t nmeta;
 	char **meta_keys, **meta_values;
+	bool has_meta; /* a __metadata__ object, even an empty one */
 	fsti_names by_name;
 	char *arena; /* names, shapes: one allocation */
 };

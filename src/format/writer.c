@@ -34,6 +34,7 @@ struct fst_writer {
 	struct wtensor *t;
 	size_t n, cap;
 	json_t *meta;
+	bool meta_always; /* __metadata__ written even with no entries */
 };
 
 void fst_writer_opts_init(fst_writer_opts *o)
@@ -173,6 +174,10 @@ int fst_writer_add_fill(fst_writer *w, const char *name, fst_dtype dtype, uint32
 int fst_writer_metadata(fst_writer *w, const char *key, const char *value, fst_error *err)
 {
 	fsti_err_clear(err);
+	if (w && !key && !value) {
+		w->meta_always = true;
+		return 0;
+	}
 	if (!w || !key || !value)
 		return fsti_err(err, FST_EUSAGE, "writer: metadata key and value are required");
 	if (json_object_set_new(w->meta, key, json_string(value)))
@@ -231,7 +236,7 @@ static int build_header(fst_writer *w, char **out, size_t *len, fst_error *err)
 	if (!root)
 		return fsti_err(err, FST_ENOMEM, "writer: out of memory");
 	int bad = 0;
-	if (json_object_size(w->meta))
+	if (json_object_size(w->meta) || w->meta_always)
 		bad |= json_object_set(root, "__metadata__", w->meta);
 	for (size_t i = 0; i < w->n && !bad; i++) {
 		struct wtensor *t = &w->t[i];

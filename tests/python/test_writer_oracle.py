@@ -390,3 +390,23 @@ def test_writer_api_no_tensors(lib, tmp_path):
     view, meta, _ = reference_view(path)
     assert view == {} and not meta
     assert Header(path).dict == {}
+
+
+@pytest.mark.parametrize("metadata", [None, {}, {"format": "pt"}], ids=["none", "empty", "one"])
+def test_metadata_as_the_reference_writes_and_reads_it(fst_pkg, tmp_path, metadata):
+    """save(metadata={}) writes "__metadata__":{} as the reference does (it
+    once left it out), and a file's {} reads back as {}, its absence as
+    None, through fst.Checkpoint and the safetensors compat layer alike."""
+    from safetensors.numpy import save
+    from fst.compat.safetensors import safe_open as fst_open
+    t = {"a": np.arange(3, dtype=np.float32)}
+    want = save(t, metadata=metadata)
+    assert fst_pkg.save(t, metadata=metadata) == want
+    p = tmp_path / "m.safetensors"
+    p.write_bytes(want)
+    with safe_open(str(p), "np") as f:
+        ref = f.metadata()
+    assert ref == metadata
+    assert fst_pkg.Checkpoint(str(p)).metadata() == ref
+    with fst_open(str(p), "np") as f:
+        assert f.metadata() == ref

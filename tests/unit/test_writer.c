@@ -448,6 +448,38 @@ static void test_metadata_name(void **state)
 	fst_writer_free(w);
 }
 
+/* __metadata__ of no entries: left out unless asked for (key and value
+ * NULL), then written as {}, as the reference writes metadata={}; a reader
+ * tells {} apart from none (fst_file_has_metadata). */
+static void test_empty_metadata(void **state)
+{
+	(void)state;
+	for (int asked = 0; asked < 2; asked++) {
+		fst_writer *w;
+		fst_error err;
+		assert_int_equal(fst_writer_new(NULL, &w, &err), 0);
+		uint8_t b = 7;
+		assert_int_equal(fst_writer_add(w, "t", FST_DTYPE_U8, 0, NULL, &b, 1, &err), 0);
+		if (asked)
+			assert_int_equal(fst_writer_metadata(w, NULL, NULL, &err), 0);
+		const char *path = test_path(asked ? "meta_empty.safetensors" : "meta_none.safetensors");
+		assert_int_equal(fst_writer_finish(w, path, &err), 0);
+		fst_writer_free(w);
+		FILE *f = fopen(path, "rb");
+		assert_non_null(f);
+		char buf[256] = {0};
+		size_t n = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		assert_true(n > 8);
+		assert_true((strstr(buf + 8, "\"__metadata__\":{}") != NULL) == asked);
+		fst_file *ff;
+		assert_int_equal(fst_file_open(path, &ff, &err), 0);
+		assert_int_equal(fst_file_has_metadata(ff), asked);
+		assert_int_equal(fst_file_metadata_count(ff), 0);
+		fst_file_close(ff);
+	}
+}
+
 static void test_bad_name_utf8(void **state)
 {
 	(void)state;
@@ -676,6 +708,7 @@ int main(void)
 		cmocka_unit_test(test_wrong_nbytes),
 		cmocka_unit_test(test_duplicate_name),
 		cmocka_unit_test(test_metadata_name),
+		cmocka_unit_test(test_empty_metadata),
 		cmocka_unit_test(test_bad_name_utf8),
 		cmocka_unit_test(test_bad_opts),
 		cmocka_unit_test(test_order_alignment),
