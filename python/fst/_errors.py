@@ -127,4 +127,27 @@ def _error(message: str, code: int, sys_errno: int, filename: Optional[str]):
     return cls(message, code)
 
 
+def _rank_status(error: Optional[BaseException]):
+    """What a rank tells the others of its failure (None: it succeeded), for
+    _raise_agreed; a failure that is not fst's counts as a device one."""
+    if error is None:
+        return None
+    return type(error).__name__, str(error), getattr(error, "code", -5)
+
+
+def _raise_agreed(error: Optional[BaseException], statuses, what: str) -> None:
+    """After the ranks gathered every rank's _rank_status: this rank's own
+    error if it failed, else the first failed rank's, as the same fst class,
+    "rank R <what>: <its message>"; nothing where every rank succeeded."""
+    if error is not None:
+        raise error
+    for rank, status in enumerate(statuses):
+        if status is not None:
+            name, message, code = status
+            cls = globals().get(name)
+            if not (isinstance(cls, type) and issubclass(cls, SafetensorError)):
+                cls = SafetensorError
+            raise cls(f"rank {rank} {what}: {message}", code)
+
+
 _fst._set_errors(SafetensorError, _error)

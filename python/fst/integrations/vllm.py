@@ -135,7 +135,7 @@ def fst_weights_iterator(files: Sequence[str], use_tqdm_on_load: bool,
     except Exception as e:  # a file this rank cannot open (its node's copy)
         error = e
     if world > 1:
-        _agree(error, rank, world, cpu_group, "open the checkpoint")
+        _agree(error, world, cpu_group, "open the checkpoint")
     elif error is not None:
         raise error
     wanted: List[Optional[List[str]]] = []
@@ -189,26 +189,12 @@ def _gather(obj, world: int, cpu_group):
     return out
 
 
-def _agree(error: Optional[BaseException], rank: int, world: int, cpu_group,
-           what: str) -> None:
+def _agree(error: Optional[BaseException], world: int, cpu_group, what: str) -> None:
     """Raise on every rank if a step failed on any: the failing rank's own
     error there, an error naming that rank elsewhere, instead of the others
     waiting in the next collective for a rank that has left."""
-    import fst
-    # a failure that is not fst's (out of memory in torch, ...) counts as
-    # a device failure, as fastsafetensors' layer counts it
-    mine = None if error is None else (type(error).__name__, str(error),
-                                       getattr(error, "code", -5))
-    statuses = _gather(mine, world, cpu_group)
-    if error is not None:
-        raise error
-    for r, status in enumerate(statuses):
-        if status is not None:
-            name, message, code = status
-            cls = getattr(fst, name, None)
-            if not (isinstance(cls, type) and issubclass(cls, fst.SafetensorError)):
-                cls = fst.SafetensorError
-            raise cls(f"rank {r} could not {what}: {message}", code)
+    from fst._errors import _raise_agreed, _rank_status
+    _raise_agreed(error, _gather(_rank_status(error), world, cpu_group), f"could not {what}")
 
 
 def _broadcast_files(cks, carried, wanted, rank: int, world: int, device: str, group,
@@ -233,7 +219,7 @@ def _broadcast_files(cks, carried, wanted, rank: int, world: int, device: str, g
                 mine = fst.load(cks[i], device, names=carried[i], **options)
             except Exception as e:  # every rank hears of it before any broadcast
                 error = e
-        _agree(error, rank, world, cpu_group, "read its file")
+        _agree(error, world, cpu_group, "read its file")
         for owner, i in enumerate(batch):
             ck = cks[i]
             names = carried[i] if carried[i] is not None else ck.keys()

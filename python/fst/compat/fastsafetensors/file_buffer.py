@@ -10,6 +10,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import fst
+from fst._errors import _raise_agreed, _rank_status
 
 from . import _support
 from .frameworks import FrameworkOpBase, ProcessGroupBase, TensorBase
@@ -73,19 +74,8 @@ class FilesBufferOnDevice:
             if error is not None:
                 raise error
             return
-        mine = None
-        if error is not None:
-            mine = (type(error).__name__, str(error), getattr(error, "code", -5))
-        statuses = self.pg.all_gather_object(mine)
-        if error is not None:
-            raise error
-        for rank, status in enumerate(statuses):
-            if status is not None:
-                name, message, code = status
-                cls = getattr(fst, name, None)
-                if not (isinstance(cls, type) and issubclass(cls, fst.SafetensorError)):
-                    cls = fst.SafetensorError
-                raise cls(f"rank {rank} failed to load its files: {message}", code)
+        statuses = self.pg.all_gather_object(_rank_status(error))
+        _raise_agreed(error, statuses, "failed to load its files")
 
     # ---- lookups
 
