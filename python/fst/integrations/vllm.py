@@ -163,14 +163,13 @@ def fst_weights_iterator(files: Sequence[str], use_tqdm_on_load: bool,
         group = device_group if device.startswith("cuda") else cpu_group
         # with expert parallelism each rank wants other experts: a file's
         # owner reads and broadcasts what any rank wants, and each rank
-        # keeps its own (the owner's list once stood for every rank's)
-        carried = wanted
-        if local_expert_ids is not None:
-            everyone = _gather(local_expert_ids, world, cpu_group)
-            carried = [None if any(ids is None for ids in everyone) else
-                       [n for n in ck.keys()
-                        if any(not should_skip_weight(n, ids) for ids in everyone)]
-                       for ck in cks]
+        # keeps its own (the owner's list once stood for every rank's); every
+        # rank takes part in the gather, whatever its own ids
+        everyone = _gather(local_expert_ids, world, cpu_group)
+        carried = [None if any(ids is None for ids in everyone) else
+                   [n for n in ck.keys()
+                    if any(not should_skip_weight(n, ids) for ids in everyone)]
+                   for ck in cks]
         for name, t in _broadcast_files(cks, carried, wanted, rank, world, device, group,
                                         cpu_group, options):
             if bar is not None:
