@@ -446,11 +446,10 @@ static bool transient(int code)
 	}
 }
 
-static int changed(const struct target *t, const struct request *q, fst_error *err,
-		   const char *what, const char *was, const char *now)
+/* at: the object and byte range (where()), as judge has it */
+static int changed(const char *at, fst_error *err, const char *what, const char *was,
+		   const char *now)
 {
-	char at[600];
-	where(at, sizeof at, t, q);
 	return fsti_err(err, FST_ECHANGED,
 			"%s: object changed during the load (its %s was %s, now %s); its bytes "
 			"cannot be trusted",
@@ -458,18 +457,15 @@ static int changed(const struct target *t, const struct request *q, fst_error *e
 }
 
 /* The response's identity against o's; *learn: o's is taken from it (and
- * *learn cleared). */
-static int check_identity(const struct target *t, struct fsti_object *o, bool *learn,
+ * *learn cleared). at names the object and range in messages. */
+static int check_identity(const char *at, struct fsti_object *o, bool *learn,
 			  const struct request *q, fst_error *err)
 {
-	if (!q->has_total) {
-		char at[600];
-		where(at, sizeof at, t, q);
+	if (!q->has_total)
 		return fsti_err(err, FST_EUNSUPPORTED,
 				"%s: the server answered HTTP %ld to a Range request without the "
 				"object's size (Content-Range)",
 				at, q->status);
-	}
 	if (*learn) {
 		*learn = false;
 		o->size = q->range_total;
@@ -481,12 +477,12 @@ static int check_identity(const struct target *t, struct fsti_object *o, bool *l
 	if (q->range_total != o->size) {
 		snprintf(was, sizeof was, "%" PRIu64 " bytes", o->size);
 		snprintf(now, sizeof now, "%" PRIu64, q->range_total);
-		return changed(t, q, err, "size", was, now);
+		return changed(at, err, "size", was, now);
 	}
 	if (o->etag[0] && strcmp(o->etag, q->etag))
-		return changed(t, q, err, "ETag", o->etag, q->etag[0] ? q->etag : "none");
+		return changed(at, err, "ETag", o->etag, q->etag[0] ? q->etag : "none");
 	if (o->last_modified[0] && strcmp(o->last_modified, q->last_modified))
-		return changed(t, q, err, "Last-Modified", o->last_modified,
+		return changed(at, err, "Last-Modified", o->last_modified,
 			       q->last_modified[0] ? q->last_modified : "none");
 	return 0;
 }
@@ -512,7 +508,7 @@ static enum verdict judge(struct fsti_conn *c, const struct target *t, struct fs
 		return FAIL;
 	}
 	if (q->ranged && (q->status == 206 || q->status == 416)) {
-		*rc = check_identity(t, o, learnp, q, err);
+		*rc = check_identity(at, o, learnp, q, err);
 		if (*rc)
 			return FAIL;
 	}

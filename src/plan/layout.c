@@ -127,7 +127,6 @@ void fsti_dist_free(struct fsti_dist *d)
 	memset(d, 0, sizeof *d);
 }
 
-
 size_t fsti_dist_group_end(const struct fsti_dist *d, size_t i0, uint64_t limit)
 {
 	size_t i1 = i0;
