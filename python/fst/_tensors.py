@@ -66,11 +66,16 @@ def _to_torch(t: "_fst.Tensor"):
         raw = _from_dlpack(torch, t)  # uint8, same shape
         wanted = _torch_dtypes().get(dtype)
         return raw.view(wanted) if wanted is not None else raw
-    raw = _from_dlpack(torch, t)
-    # F4 rows of whole bytes are torch's float4_e2m1fn_x2 (two values a byte,
-    # the last dimension in bytes), as the reference gives them; otherwise F4
-    # and F6 stay uint8: the last dimension in bytes, or flat (docs/python.md)
-    if dtype == "F4" and t.shape and t.shape[-1] % 2 == 0:
+    return _f4_view(torch, _from_dlpack(torch, t), dtype, t.shape)
+
+
+def _f4_view(torch, raw, dtype: str, shape):
+    """raw, a sub-byte tensor's bytes as fst gives them, typed as torch
+    types it: F4 rows of whole bytes are torch's float4_e2m1fn_x2 (two values
+    a byte, the last dimension in bytes), as the reference gives them;
+    otherwise F4 and F6 stay uint8: the last dimension in bytes, or flat
+    (docs/python.md). shape: the file's."""
+    if dtype == "F4" and shape and shape[-1] % 2 == 0:
         f4 = getattr(torch, "float4_e2m1fn_x2", None)
         if f4 is not None:
             return raw.view(f4)

@@ -138,11 +138,15 @@ def fst_weights_iterator(files: Sequence[str], use_tqdm_on_load: bool,
         _agree(error, world, cpu_group, "open the checkpoint")
     elif error is not None:
         raise error
-    wanted: List[Optional[List[str]]] = []
-    for ck in cks:
-        names = ck.keys()
-        wanted.append(None if local_expert_ids is None else
-                      [n for n in names if not should_skip_weight(n, local_expert_ids)])
+    def names_for(ck, ids_of_ranks):
+        """The names of ck that any of these ranks wants (None: all), each
+        rank by its local expert ids (None: every expert)."""
+        if any(ids is None for ids in ids_of_ranks):
+            return None
+        return [n for n in ck.keys()
+                if any(not should_skip_weight(n, ids) for ids in ids_of_ranks)]
+
+    wanted = [names_for(ck, [local_expert_ids]) for ck in cks]
     device = _device()
     total = sum(sum(ck.info(n)[2] for n in (w if w is not None else ck.keys()))
                 for ck, w in zip(cks, wanted))
@@ -166,10 +170,7 @@ def fst_weights_iterator(files: Sequence[str], use_tqdm_on_load: bool,
         # keeps its own (the owner's list once stood for every rank's); every
         # rank takes part in the gather, whatever its own ids
         everyone = _gather(local_expert_ids, world, cpu_group)
-        carried = [None if any(ids is None for ids in everyone) else
-                   [n for n in ck.keys()
-                    if any(not should_skip_weight(n, ids) for ids in everyone)]
-                   for ck in cks]
+        carried = [names_for(ck, everyone) for ck in cks]
         for name, t in _broadcast_files(cks, carried, wanted, rank, world, device, group,
                                         cpu_group, options):
             if bar is not None:
@@ -255,14 +256,13 @@ def _typed(flat, dtype: str, shape, device: str):
     view = fst._torch_dtypes().get(dtype) or _TORCH_PLAIN.get(dtype)
     if view is None:
         # F4 and F6 as the reader's rank has them (docs/python.md): the last
-        # dimension in bytes where a row is whole bytes (F4 then torch's
-        # float4_e2m1fn_x2 where it has it), else flat
+        # dimension in bytes where a row is whole bytes, else flat; then
+        # typed as fst types them
         bits = 4 if dtype == "F4" else 6
-        if not shape or shape[-1] * bits % 8:
-            return flat
-        t = flat.reshape(tuple(shape[:-1]) + (shape[-1] * bits // 8,))
-        f4 = getattr(torch, "float4_e2m1fn_x2", None) if dtype == "F4" else None
-        return t.view(f4) if f4 is not None else t
+        if shape and shape[-1] * bits % 8 == 0:
+            flat = flat.reshape(tuple(shape[:-1]) + (shape[-1] * bits // 8,))
+        from fst._tensors import _f4_view
+        return _f4_view(torch, flat, dtype, shape)
     return flat.view(view).reshape(tuple(shape))
 
 
