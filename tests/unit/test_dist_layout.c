@@ -27,6 +27,19 @@ static uint64_t next(void)
 	return rng;
 }
 
+/* w's file written to file in the test's folder, freed, and opened; *n its
+ * tensor count. */
+static fst_checkpoint *finish_and_open(fst_writer *w, const char *file, size_t *n)
+{
+	fst_error err;
+	assert_int_equal(fst_writer_finish(w, test_path(file), &err), 0);
+	fst_writer_free(w);
+	fst_checkpoint *ck;
+	assert_int_equal(fst_checkpoint_open(test_path(file), &ck, &err), 0);
+	*n = fst_checkpoint_tensor_count(ck);
+	return ck;
+}
+
 static fst_checkpoint *random_checkpoint(int k, size_t *n)
 {
 	fst_writer *w;
@@ -51,12 +64,7 @@ static fst_checkpoint *random_checkpoint(int k, size_t *n)
 	}
 	char file[64];
 	snprintf(file, sizeof file, "dist%d.safetensors", k);
-	assert_int_equal(fst_writer_finish(w, test_path(file), &err), 0);
-	fst_writer_free(w);
-	fst_checkpoint *ck;
-	assert_int_equal(fst_checkpoint_open(test_path(file), &ck, &err), 0);
-	*n = fst_checkpoint_tensor_count(ck);
-	return ck;
+	return finish_and_open(w, file, n);
 }
 
 /* A shard dimension or FST_REPLICATE per tensor, at random. */
@@ -334,11 +342,7 @@ static fst_checkpoint *ring_checkpoint(int k, size_t *n, int **dims)
 	}
 	char file[64];
 	snprintf(file, sizeof file, "ring%d.safetensors", k);
-	assert_int_equal(fst_writer_finish(w, test_path(file), &err), 0);
-	fst_writer_free(w);
-	fst_checkpoint *ck;
-	assert_int_equal(fst_checkpoint_open(test_path(file), &ck, &err), 0);
-	*n = fst_checkpoint_tensor_count(ck);
+	fst_checkpoint *ck = finish_and_open(w, file, n);
 	assert_int_equal(*n, count);
 	return ck;
 }
