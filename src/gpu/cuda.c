@@ -73,6 +73,7 @@ static const struct fsti_dl_sym syms[] = {
 	SYM(cuMemHostGetDevicePointer_v2),
 	SYM(cuMemcpyHtoDAsync_v2),
 	SYM(cuMemcpyDtoH_v2),
+	SYM(cuMemcpyDtoDAsync_v2),
 	SYM(cuStreamCreate),
 	SYM(cuStreamDestroy_v2),
 	SYM(cuStreamSynchronize),

@@ -20,6 +20,7 @@ typedef unsigned long long CUdeviceptr;
 #define FSTI_CUDA_ERROR_OUT_OF_MEMORY 2
 #define FSTI_CUDA_ERROR_STUB_LIBRARY 34
 #define FSTI_CUDA_ERROR_NOT_READY 600
+#define FSTI_CU_DEVICE_ATTRIBUTE_MAX_PITCH 11
 #define FSTI_CU_DEVICE_ATTRIBUTE_INTEGRATED 18
 #define FSTI_CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY 19
 #define FSTI_CU_DEVICE_ATTRIBUTE_PCI_BUS_ID 33
@@ -84,6 +85,8 @@ struct fsti_cuda {
 	CUresult (*cuMemcpyHtoDAsync_v2)(CUdeviceptr dst, const void *src, size_t bytes,
 					 CUstream s);
 	CUresult (*cuMemcpyDtoH_v2)(void *dst, CUdeviceptr src, size_t bytes);
+	CUresult (*cuMemcpyDtoDAsync_v2)(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+					 CUstream s);
 	CUresult (*cuStreamCreate)(CUstream *s, unsigned flags);
 	CUresult (*cuStreamDestroy_v2)(CUstream s);
 	CUresult (*cuStreamSynchronize)(CUstream s);

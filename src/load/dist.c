@@ -311,6 +311,7 @@ struct sharded {
 	struct fst_buffer *b;
 	struct fsti_plan_tensor *pieces; /* one group's reads */
 	CUdeviceptr scratch, temp;
+	uint64_t max_pitch; /* the widest row one strided copy may step over */
 	uint64_t group_limit; /* broadcast bytes per pipeline step */
 	CUevent queued[2]; /* the end of the last two groups' collectives */
 	/* this rank's first read failure: it goes on with the collectives, and
@@ -485,6 +486,12 @@ static int sharded_memory(struct sharded *s, fst_error *err)
 {
 	const struct fsti_cuda *cu = s->c->cu;
 	CUresult cr;
+	CUdevice dev;
+	int pitch = 0;
+	if (cu->cuDeviceGet(&dev, s->c->device) ||
+	    cu->cuDeviceGetAttribute(&pitch, FSTI_CU_DEVICE_ATTRIBUTE_MAX_PITCH, dev) || pitch <= 0)
+		pitch = INT32_MAX; /* what every device so far has reported */
+	s->max_pitch = (uint64_t)pitch;
 	if (s->d.scratch_bytes && (cr = device_alloc(cu, &s->scratch, s->d.scratch_bytes)))
 		return fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot allocate %" PRIu64
 						   " bytes of scratch",
@@ -528,7 +535,16 @@ static int copy_shard(struct sharded *s, const struct fsti_dist_tensor *t, fst_e
 	m.WidthInBytes = t->len * t->inner_bytes;
 	m.Height = t->outer;
 	/* on the broadcasts' stream: the next broadcast reuses temp */
-	CUresult cr = s->bc->cu->cuMemcpy2DAsync_v2(&m, s->bc->stream);
+	const struct fsti_cuda *cu = s->bc->cu;
+	CUresult cr = 0;
+	if (m.srcPitch <= s->max_pitch)
+		cr = cu->cuMemcpy2DAsync_v2(&m, s->bc->stream);
+	else /* rows wider than a strided copy may step (2 GiB): one copy a row,
+	      * of which there are few, each row being that wide */
+		for (size_t y = 0; y < m.Height && !cr; y++)
+			cr = cu->cuMemcpyDtoDAsync_v2(m.dstDevice + y * m.dstPitch,
+						      m.srcDevice + y * m.srcPitch, m.WidthInBytes,
+						      s->bc->stream);
 	return cr ? comm_fail(s, FST_EDEVICE, err, "strided copy of a shard failed", cr) : 0;
 }
 

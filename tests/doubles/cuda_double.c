@@ -8,7 +8,8 @@
  * destination is poisoned (0xDB) when a copy is queued, so any read made
  * before the copy's completion has been waited for sees poison, and any
  * staging buffer reused too early corrupts what lands. Strided device
- * copies (cuMemcpy2DAsync, for tensor-parallel shards) are late and
+ * copies (cuMemcpy2DAsync, for tensor-parallel shards, refused past the
+ * pitch limit as the driver does) and device-to-device ones are late and
  * poisoned the same way; cuStreamQuery says when a stream is idle. Device-to-host
  * copies are immediate and wait for nothing, like copies beside
  * non-blocking streams on a real GPU. fst_double_stream_call queues a
@@ -18,7 +19,8 @@
  * Environment: FST_DOUBLE_DEVICES (default 2), FST_DOUBLE_MEM (bytes per
  * device, default 16 GiB), FST_DOUBLE_DELAY_US (max delay per operation,
  * default 200), FST_DOUBLE_RDMA (GPU_DIRECT_RDMA_SUPPORTED, default 1),
- * FST_DOUBLE_INTEGRATED (default 0).
+ * FST_DOUBLE_INTEGRATED (default 0), FST_DOUBLE_MAX_PITCH (MAX_PITCH, the
+ * widest pitch a strided copy takes; default 2^31 - 1).
  *
  * FST_DOUBLE_PLATFORM picks the attributes of a kind of machine
  * (docs/platforms.md): discrete (default; an H200 on x86-64), integrated
@@ -269,10 +271,15 @@ static const struct platform *platform(void)
 	return &platforms[0];
 }
 
+/* The widest pitch a strided copy takes: a real device's 2^31 - 1, or less
+ * (FST_DOUBLE_MAX_PITCH), so that small tensors cross it. */
+static long max_pitch(void) { return env_long("FST_DOUBLE_MAX_PITCH", 2147483647L); }
+
 API CUresult cuDeviceGetAttribute(int *v, int attr, int d)
 {
 	const struct platform *pl = platform();
 	switch (attr) {
+	case 11: *v = (int)max_pitch(); break;
 	case 18: *v = (int)env_long("FST_DOUBLE_INTEGRATED", pl->integrated); break;
 	case 19: *v = pl->can_map; break;
 	case 88: *v = pl->pageable; break;
@@ -612,6 +619,9 @@ API CUresult cuMemcpy2DAsync_v2(const struct memcpy2d *c, void *h)
 {
 	if (c->srcMemoryType != 2 || c->dstMemoryType != 2)
 		return INVALID_VALUE;
+	/* as the driver: no pitch past the device's limit */
+	if (c->srcPitch > (size_t)max_pitch() || c->dstPitch > (size_t)max_pitch())
+		return INVALID_VALUE;
 	for (size_t y = 0; y < c->Height; y++) {
 		CUdeviceptr s = c->srcDevice + (c->srcY + y) * c->srcPitch + c->srcXInBytes;
 		CUdeviceptr d = c->dstDevice + (c->dstY + y) * c->dstPitch + c->dstXInBytes;
@@ -624,6 +634,15 @@ API CUresult cuMemcpy2DAsync_v2(const struct memcpy2d *c, void *h)
 		memset((char *)(uintptr_t)d, POISON, c->WidthInBytes);
 		enqueue(h, OP_COPY, (char *)(uintptr_t)d, (const char *)(uintptr_t)s, c->WidthInBytes);
 	}
+	return OK;
+}
+
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *h)
+{
+	if (!device_range_ok(src, n) || !device_range_ok(dst, n))
+		return ILLEGAL_ADDRESS;
+	memset((char *)(uintptr_t)dst, POISON, n);
+	enqueue(h, OP_COPY, (char *)(uintptr_t)dst, (const char *)(uintptr_t)src, n);
 	return OK;
 }
 

@@ -67,6 +67,7 @@ _Static_assert(sizeof(CUdevice_attribute) == sizeof(int), "CUdevice_attribute is
 	X(CUDA_ERROR_OUT_OF_MEMORY)                                                        \
 	X(CUDA_ERROR_STUB_LIBRARY)                                                         \
 	X(CUDA_ERROR_NOT_READY)                                                            \
+	X(CU_DEVICE_ATTRIBUTE_MAX_PITCH)                                                   \
 	X(CU_DEVICE_ATTRIBUTE_INTEGRATED)                                                  \
 	X(CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)                                         \
 	X(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)                                      \
@@ -112,6 +113,7 @@ CONSTANTS(CHECK_CONSTANT)
 	X(cuMemHostGetDevicePointer_v2)                                                    \
 	X(cuMemcpyHtoDAsync_v2)                                                            \
 	X(cuMemcpyDtoH_v2)                                                                 \
+	X(cuMemcpyDtoDAsync_v2)                                                            \
 	X(cuStreamCreate)                                                                  \
 	X(cuStreamDestroy_v2)                                                              \
 	X(cuStreamSynchronize)                                                             \

@@ -23,7 +23,8 @@
  * others fail within the 300 ms timeout, so the communicators must be
  * connected when they are made. Loads run in steps of 4 KiB of broadcast
  * (FST_DIST_GROUP_BYTES), so each crosses many and waits, with the
- * deadline, for the step two before each. Nothing of the doubles or of
+ * deadline, for the step two before each. Inner-dim shards whose rows pass
+ * the device's pitch limit are copied whole. Nothing of the doubles or of
  * libfst is left allocated. */
 #include "cuda_helpers.h"
 
@@ -388,6 +389,51 @@ static void test_loads(void **state)
 	ch_close(&c);
 }
 
+/* Inner-dim shards whose rows are wider than a strided copy may step over
+ * (a device's pitch limit, 2 GiB on every GPU so far; here the double's
+ * FST_DOUBLE_MAX_PITCH set between the narrowest and widest row) still
+ * reach every rank whole: the copy goes a row at a time. */
+static void test_rows_past_the_pitch_limit(void **state)
+{
+	(void)state;
+	ch_ckpt c;
+	ch_write_random("dist-pitch", 27, &ch_small_gen, &c);
+	ch_open(&c, c.dir);
+	int *dims = random_dims(&c, 9);
+	uint64_t lo = UINT64_MAX, hi = 0;
+	for (size_t i = 0; i < fst_checkpoint_tensor_count(c.ck); i++) {
+		fst_tensor_info t;
+		fst_checkpoint_tensor(c.ck, i, &t, NULL);
+		if (contiguous(&t, dims[i]) || dims[i] < 0 || !t.nbytes)
+			continue;
+		struct cut k = cut_of(&t, dims[i], 0);
+		uint64_t row = k.mid * k.inner;
+		lo = row < lo ? row : lo;
+		hi = row > hi ? row : hi;
+	}
+	if (lo >= hi)
+		fail_msg("the inner-dim shards' rows are all %" PRIu64 " bytes wide", lo);
+	char pitch[32];
+	snprintf(pitch, sizeof pitch, "%" PRIu64, lo);
+	setenv("FST_DOUBLE_MAX_PITCH", pitch, 1);
+	static const struct scenario sc = {"rows past the pitch limit", 2, false, NULL, -1, false,
+					   20000, false};
+	struct run run;
+	run_ranks(&run, &sc, &c, dims);
+	unsetenv("FST_DOUBLE_MAX_PITCH");
+	for (int r = 0; r < WORLD; r++) {
+		if (run.out[r].rc)
+			fail_msg("%s: rank %d: %s", sc.name, r, run.out[r].err.message);
+		assert_shards(&c, dims, run.out[r].buf, r, sc.name);
+	}
+	print_message("rows of %" PRIu64 " to %" PRIu64 " bytes, the limit %" PRIu64 "\n", lo, hi,
+		      lo);
+	release_all(&run);
+	ch_assert_clean(sc.name, c.host_base);
+	free(dims);
+	ch_close(&c);
+}
+
 /* What rank r of bad-node case k says. */
 static void refusal(size_t k, int r, char *want, size_t size)
 {
@@ -636,6 +682,7 @@ int main(void)
 		cmocka_unit_test_setup(test_allocation_failure, ch_reset),
 		cmocka_unit_test_setup(test_vanished_rank, ch_reset),
 		cmocka_unit_test_setup(test_departure_reported, ch_reset),
+		cmocka_unit_test_setup(test_rows_past_the_pitch_limit, ch_reset),
 	};
 	return cmocka_run_group_tests(tests, ch_setup, ch_teardown);
 }
