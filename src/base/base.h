@@ -123,17 +123,28 @@ bool fsti_env_gds_try(void);
 typedef struct fsti_names {
 	uint32_t *slots; /* index + 1, or 0 for empty */
 	size_t mask; /* slot count - 1; slot count is a power of two */
+	size_t count; /* names in it */
 } fsti_names;
 
 typedef const char *(*fsti_name_of)(const void *ctx, size_t index);
 
-/* Build a table for count names; returns FST_ENOMEM or 0. On a duplicate,
- * returns 1 and stores the two indices in *dup_a < *dup_b. */
+/* Build a table for count names (any table t held is not freed); returns
+ * FST_ENOMEM or 0. On a duplicate, returns 1 and stores the two indices in
+ * *dup_a < *dup_b. */
 int fsti_names_build(fsti_names *t, size_t count, fsti_name_of name_of, const void *ctx,
 		     size_t *dup_a, size_t *dup_b);
+/* Add index to a table (zeroed, or built), growing it: 0, FST_ENOMEM, or 1
+ * with *dup the index of an equal name already there. */
+int fsti_names_insert(fsti_names *t, size_t index, fsti_name_of name_of, const void *ctx,
+		      size_t *dup);
 long fsti_names_find(const fsti_names *t, const char *name, fsti_name_of name_of,
 		     const void *ctx);
+/* The farthest any name sits from its hash's slot: the table's worst probe
+ * (for tests). */
+size_t fsti_names_longest_probe(const fsti_names *t, fsti_name_of name_of, const void *ctx);
 void fsti_names_free(fsti_names *t);
+/* SipHash-c-d of len bytes under the key (k0, k1). */
+uint64_t fsti_siphash(int c, int d, uint64_t k0, uint64_t k1, const void *data, size_t len);
 
 /* ---- host memory (host_mem.c) */
 
