@@ -390,8 +390,9 @@ FST_API void fst_writer_free(fst_writer *w);
 
 /*
  * Add a tensor whose bytes are at data (nbytes must equal the size its dtype
- * and shape need). data is referenced, not copied: keep it until finish
- * (since 0.1).
+ * and shape need). data is referenced, not copied: keep it until finish.
+ * FST_EUSAGE for a name added before, not valid UTF-8 or "__metadata__", or
+ * a tensor that would take the total past 2^63 - 1 bytes (since 0.1).
  */
 FST_API int fst_writer_add(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
 			   const uint64_t *shape, const void *data, uint64_t nbytes,
@@ -406,8 +407,10 @@ FST_API int fst_writer_add_fill(fst_writer *w, const char *name, fst_dtype dtype
 FST_API int fst_writer_metadata(fst_writer *w, const char *key, const char *value,
 				fst_error *err);
 /*
- * Write the file to path (created or truncated; written to path.tmp then
- * renamed, so a failed write leaves no partial file under path) (since 0.1).
+ * Write the file to path (created or replaced; written to a temporary of its
+ * own beside it, path.tmp.XXXXXXXX, then renamed, so a failed write leaves no
+ * partial file under path, and writers finishing one path at once each
+ * succeed) (since 0.1).
  */
 FST_API int fst_writer_finish(fst_writer *w, const char *path, fst_error *err);
 /*

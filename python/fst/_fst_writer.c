@@ -5,6 +5,7 @@
 #include "_fst.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 PyObject *fstpy_save(PyObject *mod, PyObject *args)
 {
@@ -78,9 +79,23 @@ PyObject *fstpy_save(PyObject *mod, PyObject *args)
 		if ((rc = fst_writer_metadata(w, NULL, NULL, &err)))
 			goto fail;
 		while (PyDict_Next(metadata, &pos, &k, &v)) {
-			const char *ks = PyUnicode_AsUTF8(k), *vs = PyUnicode_AsUTF8(v);
-			if (!ks || !vs) {
+			if (!PyUnicode_Check(k) || !PyUnicode_Check(v)) {
 				PyErr_SetString(PyExc_TypeError, "metadata must be a dict of str to str");
+				goto out;
+			}
+			/* a str that cannot be UTF-8 (a lone surrogate) raises its own
+			 * UnicodeEncodeError */
+			Py_ssize_t kn, vn;
+			const char *ks = PyUnicode_AsUTF8AndSize(k, &kn), *vs;
+			if (!ks || !(vs = PyUnicode_AsUTF8AndSize(v, &vn)))
+				goto out;
+			/* the C writer takes C strings: a NUL would cut the key or the
+			 * value short (two keys could become one) */
+			if (strlen(ks) != (size_t)kn || strlen(vs) != (size_t)vn) {
+				PyErr_Format(PyExc_ValueError,
+					     "metadata %R: a key or value with a NUL character "
+					     "cannot be written",
+					     k);
 				goto out;
 			}
 			if ((rc = fst_writer_metadata(w, ks, vs, &err)))

@@ -164,7 +164,9 @@ static int open_from_fd(fst_file *f, fst_error *err)
 	if (S_ISDIR(st.st_mode))
 		return fsti_err(err, FST_EUSAGE, "%s: is a directory, not a safetensors file",
 				f->path);
-	if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+	/* a block device too: stat gives it no size, and its bytes run to a
+	 * whole sector, past any file's end */
+	if (!S_ISREG(st.st_mode))
 		return fsti_err(err, FST_EFORMAT,
 				"%s: not a regular file (a pipe, socket or device cannot be "
 				"loaded)",

@@ -29,9 +29,7 @@ void fsti_format_shape(char *buf, size_t size, uint32_t ndim, const uint64_t *sh
 		snprintf(buf + n, size - n, "]");
 }
 
-/* Strict UTF-8 (no overlongs, no surrogates, max U+10FFFF). Returns the
- * offset of the first bad byte, or len when all is well. */
-static size_t utf8_check(const unsigned char *s, size_t len)
+size_t fsti_utf8_check(const unsigned char *s, size_t len)
 {
 	size_t i = 0;
 	while (i < len) {
@@ -395,7 +393,7 @@ static int parse_root(fst_file *f, const char *name, json_t *root, uint64_t data
 int fsti_parse_header(fst_file *f, const char *name, const char *header, size_t len,
 		      uint64_t data_len, fst_error *err)
 {
-	size_t bad = utf8_check((const unsigned char *)header, len);
+	size_t bad = fsti_utf8_check((const unsigned char *)header, len);
 	if (bad != len)
 		return fsti_err(err, FST_EFORMAT,
 				"%s: header is not valid UTF-8 (byte %zu of the header)", name, bad);

@@ -47,6 +47,10 @@ struct fst_file {
 	char *arena; /* names, shapes: one allocation */
 };
 
+/* Strict UTF-8 (no overlongs, no surrogates, max U+10FFFF). Returns the
+ * offset of the first bad byte, or len when all is well. */
+size_t fsti_utf8_check(const unsigned char *s, size_t len);
+
 /*
  * Parse and validate a header. header/len is the JSON text (without the
  * 8-byte length), data_len the size of the data section. Fills f's tensor

@@ -11,9 +11,11 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 struct wtensor {
@@ -33,6 +35,9 @@ struct fst_writer {
 	fst_writer_opts opts;
 	struct wtensor *t;
 	size_t n, cap;
+	uint64_t total; /* the tensors' bytes, at most INT64_MAX */
+	fsti_names names; /* t's names, for duplicates; stale once t is sorted */
+	bool names_stale;
 	json_t *meta;
 	bool meta_always; /* __metadata__ written even with no entries */
 };
@@ -87,8 +92,14 @@ void fst_writer_free(fst_writer *w)
 		fsti_free(w->t[i].shape);
 	}
 	fsti_free(w->t);
+	fsti_names_free(&w->names);
 	json_decref(w->meta);
 	fsti_free(w);
+}
+
+static const char *wtensor_name(const void *ctx, size_t i)
+{
+	return ((const fst_writer *)ctx)->t[i].name;
 }
 
 static int add(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
@@ -100,6 +111,11 @@ static int add(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
 		return fsti_err(err, FST_EUSAGE, "writer: name and shape are required");
 	if (!strcmp(name, "__metadata__"))
 		return fsti_err(err, FST_EUSAGE, "writer: \"__metadata__\" is not a tensor name");
+	size_t len = strlen(name), bad = fsti_utf8_check((const unsigned char *)name, len);
+	if (bad != len)
+		return fsti_err(err, FST_EUSAGE,
+				"writer: tensor \"%s\": name is not valid UTF-8 (byte %zu of it)", name,
+				bad);
 	if (fst_dtype_bits(dtype) == 0)
 		return fsti_err(err, FST_EUSAGE, "writer: tensor \"%s\": unknown dtype %d", name,
 				(int)dtype);
@@ -124,9 +140,20 @@ static int add(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
 				name, nbytes, sh, fst_dtype_name(dtype), bits / 8);
 	if (!fill && nbytes && !data)
 		return fsti_err(err, FST_EUSAGE, "writer: tensor \"%s\": data is NULL", name);
-	for (size_t i = 0; i < w->n; i++)
-		if (!strcmp(w->t[i].name, name))
-			return fsti_err(err, FST_EUSAGE, "writer: tensor \"%s\" added twice", name);
+	if (bits / 8 > INT64_MAX - w->total)
+		return fsti_err(err, FST_EUSAGE,
+				"writer: tensor \"%s\": the tensors would total more than 2^63 - 1 "
+				"bytes",
+				name);
+	if (w->names_stale) { /* finished before: t was sorted since */
+		size_t a, b;
+		fsti_names_free(&w->names);
+		if (fsti_names_build(&w->names, w->n, wtensor_name, w, &a, &b) < 0)
+			return fsti_err(err, FST_ENOMEM, "writer: out of memory");
+		w->names_stale = false;
+	}
+	if (fsti_names_find(&w->names, name, wtensor_name, w) >= 0)
+		return fsti_err(err, FST_EUSAGE, "writer: tensor \"%s\" added twice", name);
 	if (w->n == w->cap) {
 		size_t cap = w->cap ? w->cap * 2 : 64;
 		struct wtensor *grown = fsti_realloc(w->t, cap * sizeof *grown);
@@ -144,6 +171,12 @@ static int add(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
 		fsti_free(t->shape);
 		return fsti_err(err, FST_ENOMEM, "writer: out of memory");
 	}
+	size_t unused;
+	if (fsti_names_insert(&w->names, w->n, wtensor_name, w, &unused)) {
+		fsti_free(t->name);
+		fsti_free(t->shape);
+		return fsti_err(err, FST_ENOMEM, "writer: out of memory");
+	}
 	if (ndim)
 		memcpy(t->shape, shape, ndim * sizeof *shape);
 	t->dtype = dtype;
@@ -153,6 +186,7 @@ static int add(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
 	t->fill = fill;
 	t->ctx = ctx;
 	t->added = w->n++;
+	w->total += t->nbytes;
 	return 0;
 }
 
@@ -227,6 +261,23 @@ static int write_full(int fd, const void *buf, size_t len)
 	return 0;
 }
 
+/* jansson writes a control character as \u001B, the reference writer (and
+ * JSON's own examples) as \u001b: the same bytes as the reference's need
+ * the hex digits in lower case. A backslash of the text is written \\, so
+ * pairs are skipped whole and every \u found is an escape. */
+static void lower_escapes(char *text, size_t n)
+{
+	for (size_t i = 0; i + 1 < n; i++) {
+		if (text[i] != '\\')
+			continue;
+		if (text[i + 1] == 'u')
+			for (size_t k = i + 2; k < i + 6 && k < n; k++)
+				if (text[k] >= 'A' && text[k] <= 'F')
+					text[k] = (char)(text[k] - 'A' + 'a');
+		i++;
+	}
+}
+
 /* Returns 0 and the padded header in *out (fsti_free it), or the status:
  * the caller may pass no fst_error, so the code cannot be read back from
  * err. */
@@ -251,10 +302,10 @@ static int build_header(fst_writer *w, char **out, size_t *len, fst_error *err)
 	}
 	char *text = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	json_decref(root);
-	if (!text)
-		return fsti_err(err, FST_EUSAGE,
-				"writer: cannot encode the header (names must be valid UTF-8)");
+	if (!text) /* names and metadata were checked as they came */
+		return fsti_err(err, FST_ENOMEM, "writer: out of memory for the header");
 	size_t n = strlen(text);
+	lower_escapes(text, n);
 	size_t align = w->opts.data_align;
 	size_t total = (8 + n + align - 1) / align * align + w->opts.header_extra;
 	size_t hlen = total - 8;
@@ -285,16 +336,17 @@ static int layout(fst_writer *w, char **header, size_t *hlen, uint64_t *total, f
 {
 	/* w->t is NULL until the first add, and qsort's pointer must not be
 	 * NULL even for zero elements. */
-	if (w->n)
+	if (w->n) {
 		qsort(w->t, w->n, sizeof *w->t,
 		      w->opts.order == FST_ORDER_ALIGNMENT ? cmp_alignment : cmp_added);
+		w->names_stale = true;
+	}
+	/* add kept the sum within INT64_MAX: no offset wraps */
 	uint64_t off = 0;
 	for (size_t i = 0; i < w->n; i++) {
 		w->t[i].begin = off;
 		off += w->t[i].nbytes;
 	}
-	if (off > INT64_MAX)
-		return fsti_err(err, FST_EUSAGE, "writer: tensors total more than 2^63 bytes");
 	int rc = build_header(w, header, hlen, err);
 	if (!rc)
 		*total = *hlen + off;
@@ -387,6 +439,25 @@ int fst_writer_finish_memory(fst_writer *w, void *dst, uint64_t size, fst_error 
 	return rc;
 }
 
+/* A file of our own beside path, PATH.tmp.XXXXXXXX: never one another
+ * writer (a rank saving the same file) or a link put there is using. */
+static int create_temp(const char *path, char *tmp, size_t size, int *fd)
+{
+	static atomic_uint counter;
+	for (int attempt = 0; attempt < 100; attempt++) {
+		uint32_t r;
+		if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r)
+			r = (uint32_t)getpid() * 2654435761u + atomic_fetch_add(&counter, 1);
+		snprintf(tmp, size, "%s.tmp.%08" PRIx32, path, r);
+		*fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		if (*fd >= 0)
+			return 0;
+		if (errno != EEXIST)
+			return errno;
+	}
+	return EEXIST;
+}
+
 int fst_writer_finish(fst_writer *w, const char *path, fst_error *err)
 {
 	fsti_err_clear(err);
@@ -399,17 +470,18 @@ int fst_writer_finish(fst_writer *w, const char *path, fst_error *err)
 	if (hrc)
 		return hrc;
 
-	size_t plen = strlen(path) + 5;
+	size_t plen = strlen(path) + sizeof ".tmp.01234567";
 	char *tmp = fsti_malloc(plen);
 	int fd = -1, rc = 0;
 	if (!tmp) {
 		rc = fsti_err(err, FST_ENOMEM, "writer: out of memory");
 		goto out;
 	}
-	snprintf(tmp, plen, "%s.tmp", path);
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		rc = fsti_err_sys(err, FST_EIO, errno, "%s: cannot create", tmp);
+	int e = create_temp(path, tmp, plen, &fd);
+	if (e) {
+		rc = fsti_err_sys(err, FST_EIO, e, "%s: cannot create", tmp);
+		fsti_free(tmp);
+		tmp = NULL; /* not ours to unlink */
 		goto out;
 	}
 	struct sink s = {.fd = fd, .path = tmp};

@@ -83,6 +83,42 @@ def test_save_is_the_reference_bytes(fst_pkg, st_np, tmp_path):
     assert st_np.save(backwards) == ref_np.save(tensors)
 
 
+def test_control_characters_are_the_reference_bytes(fst_pkg, st, st_np, tmp_path):
+    # every control character but NUL (escaped \u00XX by both, the hex in
+    # lower case by the reference), quotes and backslashes, in names and in
+    # metadata (fst refuses a NUL in a name: docs/cli.md)
+    names = ["c" + chr(i) for i in range(1, 32)] + ['q"', "b\\", "e\x1b[0m", "del\x7f"]
+    tensors = {n: np.array([i], np.uint8) for i, n in enumerate(names)}
+    meta = {"note\x1f": "tab\x0bvt\x1funit\\u001B", "k": "v"}
+    want = ref_np.save(tensors, metadata=meta)
+    assert st_np.save(tensors, metadata=meta) == want
+    assert fst_pkg.save(tensors, meta) == want
+    p = tmp_path / "ctl.safetensors"
+    st_np.save_file(tensors, p, metadata=meta)
+    assert file_bytes(p) == want
+    with st.safe_open(p, "np") as f:
+        assert f.metadata() == meta
+        assert sorted(f.keys()) == sorted(names)
+
+
+def test_metadata_that_cannot_be_written_is_refused(fst_pkg, st_np, tmp_path):
+    t = {"x": np.zeros(2, np.uint8)}
+    p = tmp_path / "m.safetensors"
+    # a NUL would cut the C string short: "cfg\0a" and "cfg\0b" were both
+    # written as one "cfg"
+    for meta in ({"cfg\x00a": "1", "cfg\x00b": "2"}, {"note": "x\x00y"}):
+        with pytest.raises(ValueError, match="NUL character"):
+            st_np.save_file(t, p, metadata=meta)
+        with pytest.raises(ValueError, match="NUL character"):
+            fst_pkg.save(t, meta)
+        assert not p.exists()
+    # a lone surrogate is Python's own encoding error, not a type error
+    with pytest.raises(UnicodeEncodeError):
+        st_np.save(t, metadata={"k": "\ud800"})
+    with pytest.raises(TypeError, match="dict of str to str"):
+        st_np.save(t, metadata={"k": 1})
+
+
 def test_bytes_from_either_load_in_the_other(st_np):
     tensors = numpy_tensors()
     # the reference's numpy frontend has no bf16 / float8: its deserialize

@@ -790,6 +790,37 @@ static void test_open_directory(void **state)
 	assert_has(err.message, "directory");
 }
 
+/* A FIFO (opened without waiting for a writer) and a block device (where
+ * one can be opened: stat gives it no size, so it was refused as "0 bytes,
+ * header too small") are refused as not regular files. */
+static void test_open_not_regular(void **state)
+{
+	(void)state;
+	char *fifo = test_path("a-fifo.safetensors");
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	const char *paths[2] = {fifo, NULL};
+	static const char *const devices[] = {"/dev/loop0", "/dev/vda", "/dev/sda",
+					      "/dev/nvme0n1", "/dev/zram0"};
+	for (size_t i = 0; i < sizeof devices / sizeof devices[0] && !paths[1]; i++) {
+		struct stat st;
+		int fd = open(devices[i], O_RDONLY | O_NONBLOCK);
+		if (fd >= 0 && !fstat(fd, &st) && S_ISBLK(st.st_mode))
+			paths[1] = devices[i];
+		if (fd >= 0)
+			close(fd);
+	}
+	if (!paths[1])
+		print_message("no block device can be opened here: the FIFO only\n");
+	for (int k = 0; k < 2 && paths[k]; k++) {
+		fst_file *f = (fst_file *)1;
+		fst_error err;
+		assert_int_equal(fst_file_open(paths[k], &f, &err), FST_EFORMAT);
+		assert_null(f);
+		assert_has(err.message, paths[k]);
+		assert_has(err.message, "not a regular file");
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -829,6 +860,7 @@ int main(void)
 		cmocka_unit_test(test_open_memory),
 		cmocka_unit_test(test_open_missing),
 		cmocka_unit_test(test_open_directory),
+		cmocka_unit_test(test_open_not_regular),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,12 +2,18 @@
  * tensor sets: every dtype incl. F4/F6, scalars, empty tensors, UTF-8 and
  * escaped names, metadata, both orders, many data_align/header_extra), read
  * back with fst_file_open; writer argument errors; FST_ORDER_ALIGNMENT
- * order; add_fill; that a failed finish leaves no file behind; and that
- * fst_writer_finish_memory gives the file's bytes. Set
+ * order; add_fill; that a failed finish leaves no file behind (nor a
+ * temporary); that names added before a finish are still duplicates after
+ * it; that tensors totalling past 2^63 - 1 bytes are refused when added
+ * (their sum once wrapped); that 8 writers finishing one path at once all
+ * succeed, the file one writer's whole; and that fst_writer_finish_memory
+ * gives the file's bytes. Set
  * FST_TEST_SEED to replay another seed. */
 #include "helpers.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +25,26 @@ static bool exists(const char *path)
 {
 	struct stat st;
 	return stat(path, &st) == 0;
+}
+
+/* Files beside path whose names begin with path's and ".tmp": a writer's
+ * temporaries left behind. */
+static int leftovers(const char *path)
+{
+	char dir[800];
+	snprintf(dir, sizeof dir, "%s", path);
+	char *slash = strrchr(dir, '/');
+	assert_non_null(slash);
+	*slash = '\0';
+	char prefix[300];
+	snprintf(prefix, sizeof prefix, "%s.tmp", slash + 1);
+	DIR *d = opendir(dir);
+	assert_non_null(d);
+	int n = 0;
+	for (struct dirent *e; (e = readdir(d));)
+		n += !strncmp(e->d_name, prefix, strlen(prefix));
+	closedir(d);
+	return n;
 }
 
 /* Whole file into a malloc'd buffer. */
@@ -483,19 +509,25 @@ static void test_empty_metadata(void **state)
 static void test_bad_name_utf8(void **state)
 {
 	(void)state;
-	/* Names are checked when the header is encoded, at finish; the status
-	 * must be right with and without an fst_error. */
+	/* Names are checked when added, the tensor and the byte named; the
+	 * status must be right with and without an fst_error, and the writer
+	 * goes on without it. */
 	for (int with_err = 0; with_err < 2; with_err++) {
 		fst_writer *w;
 		fst_error err;
 		assert_int_equal(fst_writer_new(NULL, &w, NULL), 0);
 		uint8_t b = 1;
-		assert_int_equal(fst_writer_add(w, "bad\xff", FST_DTYPE_U8, 0, NULL, &b, 1, NULL), 0);
-		char *path = test_path("bad-utf8.safetensors");
-		assert_int_equal(fst_writer_finish(w, path, with_err ? &err : NULL), FST_EUSAGE);
+		assert_int_equal(fst_writer_add(w, "bad\xff", FST_DTYPE_U8, 0, NULL, &b, 1,
+						with_err ? &err : NULL),
+				 FST_EUSAGE);
 		if (with_err)
-			assert_has(err.message, "UTF-8");
-		assert_false(exists(path));
+			assert_has(err.message, "tensor \"bad\xff\": name is not valid UTF-8 (byte 3");
+		char *path = test_path("bad-utf8.safetensors");
+		assert_int_equal(fst_writer_finish(w, path, NULL), 0);
+		fst_file *f;
+		assert_int_equal(fst_file_open(path, &f, NULL), 0);
+		assert_int_equal(fst_file_tensor_count(f), 0);
+		fst_file_close(f);
 		fst_writer_free(w);
 	}
 }
@@ -671,13 +703,11 @@ static void test_failed_finish_leaves_nothing(void **state)
 	assert_int_equal(fst_writer_add_fill(w, "y", FST_DTYPE_U8, 1, big, fill_pattern, &l, &err),
 			 0);
 	path = test_path("failed.safetensors");
-	char tmp[800];
-	snprintf(tmp, sizeof tmp, "%s.tmp", path);
 	assert_int_equal(fst_writer_finish(w, path, &err), FST_ECANCELED);
 	assert_has(err.message, "tensor \"y\"");
 	assert_has(err.message, "fill failed");
 	assert_false(exists(path));
-	assert_false(exists(tmp));
+	assert_int_equal(leftovers(path), 0);
 
 	/* An existing file is left as it was. */
 	write_raw(path, "{}", 2, NULL, 0);
@@ -688,7 +718,7 @@ static void test_failed_finish_leaves_nothing(void **state)
 	assert_int_equal(len, 10);
 	assert_memory_equal(bytes + 8, "{}", 2);
 	free(bytes);
-	assert_false(exists(tmp));
+	assert_int_equal(leftovers(path), 0);
 
 	/* The same writer can still finish once the fill works. */
 	l = (struct fill_log){0};
@@ -698,6 +728,134 @@ static void test_failed_finish_leaves_nothing(void **state)
 	assert_int_equal(fst_file_tensor_count(f), 2);
 	fst_file_close(f);
 	fst_writer_free(w);
+}
+
+static void test_duplicate_after_finish(void **state)
+{
+	(void)state;
+	/* finishing sorts the tensors (largest alignment first): names added
+	 * before it are still known after it */
+	fst_writer_opts o;
+	fst_writer_opts_init(&o);
+	o.order = FST_ORDER_ALIGNMENT;
+	fst_writer *w;
+	fst_error err;
+	assert_int_equal(fst_writer_new(&o, &w, &err), 0);
+	uint8_t b[8] = {0};
+	uint64_t one = 1, eight = 8;
+	assert_int_equal(fst_writer_add(w, "a", FST_DTYPE_U8, 1, &one, b, 1, &err), 0);
+	assert_int_equal(fst_writer_add(w, "b", FST_DTYPE_U8, 1, &eight, b, 8, &err), 0);
+	uint64_t size;
+	assert_int_equal(fst_writer_size(w, &size, &err), 0);
+	assert_int_equal(fst_writer_add(w, "a", FST_DTYPE_U8, 1, &one, b, 1, &err), FST_EUSAGE);
+	assert_has(err.message, "tensor \"a\" added twice");
+	assert_int_equal(fst_writer_add(w, "b", FST_DTYPE_U8, 1, &one, b, 1, &err), FST_EUSAGE);
+	assert_int_equal(fst_writer_add(w, "c", FST_DTYPE_U8, 1, &one, b, 1, &err), 0);
+	char *path = test_path("after-finish.safetensors");
+	assert_int_equal(fst_writer_finish(w, path, &err), 0);
+	assert_int_equal(fst_writer_add(w, "c", FST_DTYPE_U8, 1, &one, b, 1, &err), FST_EUSAGE);
+	fst_writer_free(w);
+	fst_file *f;
+	assert_int_equal(fst_file_open(path, &f, &err), 0);
+	assert_int_equal(fst_file_tensor_count(f), 3);
+	fst_file_close(f);
+}
+
+static int fill_nothing(void *ctx, void *buf, uint64_t off, size_t len)
+{
+	(void)ctx, (void)buf, (void)off, (void)len;
+	return FST_EIO; /* never asked: no file of this size is written */
+}
+
+static void test_total_past_int64(void **state)
+{
+	(void)state;
+	/* eight tensors of 2^61 - 8 bytes and one of 64 add up to 2^64, which
+	 * wrapped to 0: a file "of the header's size" and a heap overflow in
+	 * finish_memory */
+	fst_writer *w;
+	fst_error err;
+	assert_int_equal(fst_writer_new(NULL, &w, &err), 0);
+	uint64_t huge = (1ull << 58) - 1, small = 16;
+	int k = 0;
+	for (; k < 8; k++) {
+		char name[16];
+		snprintf(name, sizeof name, "t%d", k);
+		int rc = fst_writer_add_fill(w, name, FST_DTYPE_F64, 1, &huge, fill_nothing, NULL,
+					     &err);
+		if (rc) {
+			assert_int_equal(rc, FST_EUSAGE);
+			assert_has(err.message, "would total more than 2^63 - 1 bytes");
+			assert_has(err.message, name);
+			break;
+		}
+	}
+	assert_int_equal(k, 4); /* four fit in 2^63 - 1 bytes (2^63 - 32), a fifth does not */
+	assert_int_equal(fst_writer_add_fill(w, "u", FST_DTYPE_U8, 1, &small, fill_nothing, NULL,
+					     &err),
+			 0);
+	uint64_t size = 0;
+	assert_int_equal(fst_writer_size(w, &size, &err), 0);
+	assert_true(size > 4 * (huge * 8) + 16);
+	fst_writer_free(w);
+}
+
+/* ---- several writers finishing one path at once, as every rank of a job
+ * saving the same file does */
+
+#define SAVERS 8
+
+struct saver {
+	const char *path;
+	int rc;
+	fst_error err;
+	uint8_t bytes[4096];
+};
+
+static void *save_one(void *arg)
+{
+	struct saver *s = arg;
+	fst_writer *w;
+	uint64_t shape = sizeof s->bytes;
+	s->rc = fst_writer_new(NULL, &w, &s->err);
+	if (!s->rc)
+		s->rc = fst_writer_add(w, "x", FST_DTYPE_U8, 1, &shape, s->bytes, shape, &s->err);
+	for (int k = 0; k < 20 && !s->rc; k++)
+		s->rc = fst_writer_finish(w, s->path, &s->err);
+	fst_writer_free(w);
+	return NULL;
+}
+
+static void test_concurrent_finish(void **state)
+{
+	(void)state;
+	char *path = test_path("shared.safetensors");
+	struct saver s[SAVERS];
+	pthread_t t[SAVERS];
+	for (int i = 0; i < SAVERS; i++) {
+		s[i].path = path;
+		memset(s[i].bytes, 'a' + i, sizeof s[i].bytes);
+		assert_int_equal(pthread_create(&t[i], NULL, save_one, &s[i]), 0);
+	}
+	for (int i = 0; i < SAVERS; i++)
+		pthread_join(t[i], NULL);
+	for (int i = 0; i < SAVERS; i++)
+		if (s[i].rc)
+			fail_msg("writer %d: %s", i, s[i].err.message);
+	/* the file is one writer's, whole */
+	fst_file *f;
+	fst_error err;
+	assert_int_equal(fst_file_open(path, &f, &err), 0);
+	fst_tensor_info ti;
+	assert_int_equal(fst_file_tensor(f, 0, &ti), 0);
+	size_t len;
+	unsigned char *bytes = slurp(path, &len);
+	int whose = bytes[ti.file_offset] - 'a';
+	assert_true(whose >= 0 && whose < SAVERS);
+	assert_memory_equal(bytes + ti.file_offset, s[whose].bytes, sizeof s[whose].bytes);
+	free(bytes);
+	fst_file_close(f);
+	assert_int_equal(leftovers(path), 0);
 }
 
 int main(void)
@@ -714,6 +872,9 @@ int main(void)
 		cmocka_unit_test(test_order_alignment),
 		cmocka_unit_test(test_add_fill),
 		cmocka_unit_test(test_failed_finish_leaves_nothing),
+		cmocka_unit_test(test_duplicate_after_finish),
+		cmocka_unit_test(test_total_past_int64),
+		cmocka_unit_test(test_concurrent_finish),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
