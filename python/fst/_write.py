@@ -44,7 +44,9 @@ def _torch_entry(name, t):
     key = str(t.dtype).replace("torch.", "")
     if key not in _NP_TO_ST:
         raise UsageError(f"tensor {name!r}: dtype {t.dtype} cannot be saved", -1)
-    t = t.detach()
+    # a conjugate or negative view's bytes are not its values until resolved
+    # (the reference writes them unresolved: the wrong values)
+    t = t.detach().resolve_conj().resolve_neg()
     if t.device.type != "cpu":
         t = t.to("cpu")  # a meta tensor fails here, as in the reference
     t = t.contiguous()

@@ -200,24 +200,41 @@ def _open_checkpoint(filename) -> Checkpoint:
 
 
 class _Opened:
-    """What a safe_open and its slices share: the checkpoint, the load
-    options, and the tensors once loaded. Loaded once, under a lock, when
-    the first tensor is asked for, whichever thread asks."""
+    """What a safe_open and its slices share: the checkpoint's header, the
+    load options, and the tensors once loaded. Loaded once, under a lock,
+    when the first tensor is asked for, whichever thread asks; the
+    checkpoint (its open files) is let go then, as the tensors need it no
+    more: a program that keeps a safe_open per shard (transformers does)
+    does not keep every shard's file open."""
 
     def __init__(self, ck: Checkpoint, framework: str, kw: dict):
         self.ck, self.framework, self.kw = ck, framework, kw
+        self.keys, self.metadata = ck.keys(), ck.metadata()
+        self._infos = None
         self._tensors = None
         self._lock = threading.Lock()
+
+    def info(self, name: str):
+        """(dtype, shape, ...) of a tensor, or None."""
+        ck = self.ck
+        if ck is not None:
+            return ck._ck.info(name)
+        return self._infos.get(name)
 
     def tensors(self) -> dict:
         t = self._tensors
         if t is None:
             with self._lock:
                 if self._tensors is None:
-                    kw = _prepare(self.ck.path, [self.ck], self.framework, self.kw)
-                    buf = _fst.load(self.ck._ck, **kw)
+                    ck = self.ck
+                    kw = _prepare(ck.path, [ck], self.framework, self.kw)
+                    buf = _fst.load(ck._ck, **kw)
                     self._tensors = {n: _convert(buf.tensor(n), self.framework)
                                      for n in buf.names()}
+                    # the infos before the checkpoint goes: info() reads
+                    # self.ck once, then whichever it found
+                    self._infos = {n: ck._ck.info(n) for n in self.keys}
+                    self.ck = None
                 t = self._tensors
         return t
 
@@ -265,17 +282,18 @@ class safe_open:
         self._state = None
 
     def keys(self) -> List[str]:
-        return sorted(self._opened().ck.keys())
+        return sorted(self._opened().keys)
 
     def offset_keys(self) -> List[str]:
-        return self._opened().ck.keys()
+        return list(self._opened().keys)
 
     def metadata(self) -> Optional[Dict[str, str]]:
-        return self._opened().ck.metadata()
+        m = self._opened().metadata
+        return dict(m) if m is not None else None
 
     def get_tensor(self, name: str):
         st = self._opened()
-        if st.ck._ck.info(name) is None:
+        if st.info(name) is None:
             raise _no_tensor(name)
         return st.tensors()[name]
 
@@ -283,11 +301,11 @@ class safe_open:
         """Every tensor, by name, in data-offset order."""
         st = self._opened()
         got = st.tensors()
-        return {n: got[n] for n in st.ck.keys() if n in got}
+        return {n: got[n] for n in st.keys if n in got}
 
     def get_slice(self, name: str) -> "_Slice":
         st = self._opened()
-        if st.ck._ck.info(name) is None:
+        if st.info(name) is None:
             raise _no_tensor(name)
         return _Slice(st, name, self._torch_indexing)
 
@@ -308,7 +326,7 @@ class _Slice:
 
     def __init__(self, state: _Opened, name: str, torch_indexing: bool):
         self._state, self._name, self._torch = state, name, torch_indexing
-        info = state.ck._ck.info(name)
+        info = state.info(name)
         self._dtype, self._shape = info[0], list(info[1])
 
     def get_shape(self) -> List[int]:
