@@ -114,7 +114,11 @@ static int gds_decide(struct fsti_engine *e, const struct fsti_gds_probe **out, 
 	if (rc)
 		return rc;
 	const struct fsti_gds_probe *p = fsti_gds_probe(cu, e->device_id);
-	bool try_anyway = fsti_env_gds_try() && p->driver_opened;
+	/* FST_GDS_TRY=1 reaches past the driver's own "no" (no nvidia-fs,
+	 * version 0.0), never past the device's: an integrated GPU (its memory
+	 * the host's: the founding case) or one without GPUDirect RDMA */
+	bool try_anyway = fsti_env_gds_try() && p->driver_opened && !p->integrated &&
+			  p->rdma == 1;
 	if (!p->usable && !try_anyway) {
 		if (e->opts.gds == FST_GDS_ON)
 			return fsti_err(err, FST_EUNSUPPORTED,

@@ -3,7 +3,8 @@
  * driver) and per device (the rest), so each scenario is its own process,
  * chosen by the first argument, and within one the devices probed differ:
  *   devices (default): nvidia-fs 0.0 (compatibility mode), an integrated GPU,
- *     GPU_DIRECT_RDMA_SUPPORTED 0: each not usable; a good device usable;
+ *     GPU_DIRECT_RDMA_SUPPORTED 0: each not usable (the last two with
+ *     FST_GDS_TRY=1 too); a good device usable;
  *     gds=off never touches cuFile; the driver is opened once per process.
  *   nonvfs: no /dev/nvidia-fs*: the driver is never opened (the double's
  *     counter stays 0); FST_GDS_TRY=1 opens it and uses cuFile anyway.
@@ -163,6 +164,10 @@ static void test_integrated(void **state)
 	(void)state;
 	setenv("FST_DOUBLE_INTEGRATED", "1", 1);
 	check_not_used("cuda:1", "cuda:1 is integrated", NULL);
+	/* FST_GDS_TRY=1 opens a driver that says no, never an integrated GPU */
+	setenv("FST_GDS_TRY", "1", 1);
+	check_not_used("cuda:1", "cuda:1 is integrated", NULL);
+	unsetenv("FST_GDS_TRY");
 	unsetenv("FST_DOUBLE_INTEGRATED");
 	assert_int_equal(report("cuda:1", 0, "integrated").integrated, 1);
 }
@@ -172,6 +177,9 @@ static void test_no_rdma(void **state)
 	(void)state;
 	setenv("FST_DOUBLE_RDMA", "0", 1);
 	check_not_used("cuda:2", "GPU_DIRECT_RDMA_SUPPORTED = 0", NULL);
+	setenv("FST_GDS_TRY", "1", 1);
+	check_not_used("cuda:2", "GPU_DIRECT_RDMA_SUPPORTED = 0", NULL);
+	unsetenv("FST_GDS_TRY");
 	unsetenv("FST_DOUBLE_RDMA");
 	assert_int_equal(report("cuda:2", 0, "RDMA").gpu_direct_rdma, 0);
 }
