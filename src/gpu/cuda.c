@@ -131,7 +131,7 @@ int fsti_cuda_use_device(const struct fsti_cuda *cu, int device, fst_error *err)
 	if (r)
 		return fsti_cuda_fail(cu, r, err, "cuDeviceGetCount");
 	if (device < 0 || device >= n)
-		return fsti_err(err, FST_EUSAGE, "device %d out of range (%d device%s)", device, n,
+		return fsti_err(err, FST_EDEVICE, "device %d out of range (%d device%s)", device, n,
 				n == 1 ? "" : "s");
 	if (device >= MAX_DEVICES)
 		return fsti_err(err, FST_EUNSUPPORTED, "device %d: at most %d devices", device,

@@ -340,6 +340,32 @@ def test_check_manifest_that_cannot_be_read_is_exit_4(small, tmp_path):
     assert r.returncode == 1 and "not a manifest" in r.stderr
 
 
+def test_text_output_escapes_control_characters(fst_pkg, tmp_path):
+    """A file from anywhere cannot clear the screen, retitle the terminal
+    or forge lines through inspect's or verify --hash's text; --json keeps
+    the names exact."""
+    import numpy as np
+    evil = "\x1b[2J\x1b[1;31mFAKE-OK\x1b[0m\nsecond line"
+    p = tmp_path / "evil.safetensors"
+    fst_pkg.save_file({evil: np.zeros(1, np.uint8)}, str(p),
+                      metadata={"format": "pt\x1b]0;pwned\x07"})
+    for args in (("inspect", p), ("verify", p, "--hash")):
+        r = fst(*args)
+        assert r.returncode == 0, r.stderr
+        assert "\x1b" not in r.stdout and "\x07" not in r.stdout
+        assert not any(line.startswith("second line") for line in r.stdout.splitlines())
+        assert "\\x1b[2J\\x1b[1;31mFAKE-OK\\x1b[0m\\x0asecond line" in r.stdout
+    assert "metadata format = pt\\x1b]0;pwned\\x07" in fst("inspect", p).stdout
+    j = json.loads(fst("inspect", p, "--json").stdout)
+    assert [t["name"] for t in j[0]["tensors"]] == [evil]
+    assert j[0]["metadata"] == {"format": "pt\x1b]0;pwned\x07"}
+
+
+def test_gen_refuses_an_empty_outdir():
+    r = fst("gen", "")
+    assert r.returncode == 1 and "OUTDIR is empty" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("device", ["gpu", "cuda:x", "cuda:", "cpu0"])
 @pytest.mark.parametrize("cmd", ["load", "verify", "bench", "doctor"])
 def test_bad_device_is_usage_everywhere(small, cmd, device):
@@ -386,7 +412,9 @@ def test_bench_on_the_gpu_double(small, cuda_double):
     assert "pinned host-to-device copy limit" in names and "fst load (warm)" in names
     r = fst("bench", small, "--runs", "1", "--no-reference", "--device", "cuda:9",
             env={"FST_CUDA_LIBRARY": cuda_double})
-    assert r.returncode == 1, r.stderr
+    # no such device: exit 6, as with no driver (docs/cli.md), no row
+    assert r.returncode == 6, r.stderr
+    assert "device 9 out of range (2 devices)" in r.stderr
     assert r.stdout == ""
 
 

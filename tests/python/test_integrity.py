@@ -6,7 +6,7 @@ the definition in docs/cli.md); `fst load --check` passes on the manifest
 with every reader and block size, and fails with exit 3, naming the tensor,
 when a digest differs, when the manifest misses a tensor or lists one too
 many; manifests without trees are checked on plain digests; a file that is
-not a manifest is a usage error (exit 1)."""
+not a manifest (its digests not digests too) is a usage error (exit 1)."""
 import hashlib
 import json
 import platform
@@ -202,6 +202,16 @@ def test_manifest_then_check(ckpt, tmp_path):
         (tmp_path / "junk.json").write_text(junk)
         r = check(ckpt, tmp_path / "junk.json")
         assert r.returncode == 1 and ("not a manifest" in r.stderr or "tree_block" in r.stderr)
+
+    # a digest that is not one (a number was printed as "(null)", exit 3)
+    for what, digests in (("tree digest", dict(m, trees=dict(m["trees"], **{name: 5}))),
+                          ("tree digest", dict(m, trees=dict(m["trees"], **{name: "g" * 32}))),
+                          ("digest", dict(plain, tensors=dict(m["tensors"], **{name: None})))):
+        (tmp_path / "junk.json").write_text(json.dumps(digests))
+        r = check(ckpt, tmp_path / "junk.json")
+        assert r.returncode == 1, r.stderr
+        assert f'tensor "{name}": the {what} is not 32 lower-case hex digits' in r.stderr
+        assert "(null)" not in r.stderr
 
 
 def test_check_onto_a_gpu_double(big_ckpt, tmp_path, cuda_double):

@@ -255,7 +255,7 @@ ck = _fst.Checkpoint({single!r})
 for dev in ("cuda:2", "cuda:9"):
     try:
         _fst.load(ck, device=dev)
-    except fst.UsageError as e:
+    except fst.DeviceError as e:
         assert "out of range (2 devices)" in str(e), e
     else:
         raise AssertionError(dev)

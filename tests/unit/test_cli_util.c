@@ -1,7 +1,8 @@
 /* Description: the CLI's helpers (tools/fst/util.c) apart from the command:
  * JSON strings that keep every path (UTF-8 checked exactly as jansson does,
- * invalid bytes as U+FFFD plus a hex copy), checked JSON building, and
- * the progress bar's line. */
+ * invalid bytes as U+FFFD plus a hex copy), checked JSON building, the
+ * progress bar's line, integers of digits only, and text made safe for a
+ * terminal (control characters as \xNN). */
 #include "helpers.h"
 #include "cli.h"
 
@@ -135,6 +136,42 @@ static void test_progress_line_covers_a_longer_one(void **state)
 	assert_int_equal(strlen(tiny), 7);
 }
 
+static void test_parse_uint_takes_digits_only(void **state)
+{
+	(void)state;
+	uint64_t v = 7;
+	assert_true(cli_parse_uint("0", 10, &v) && v == 0);
+	assert_true(cli_parse_uint("18446744073709551615", UINT64_MAX, &v) && v == UINT64_MAX);
+	/* strtoull skips the space and negates: " -1" was 2^64 - 1 */
+	static const char *const bad[] = {"", " -1", "-1", "+1", " 5", "\t7", "5x", "0x10",
+					  "18446744073709551616", "11"};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		v = 7;
+		if (cli_parse_uint(bad[i], 10, &v))
+			fail_msg("\"%s\" taken as %llu", bad[i], (unsigned long long)v);
+		assert_int_equal(v, 7);
+	}
+	assert_false(cli_parse_uint(NULL, 10, &v));
+}
+
+static void test_printable_escapes_controls(void **state)
+{
+	(void)state;
+	static const char *const cases[][2] = {
+		{"model.layers.0.weight", "model.layers.0.weight"},
+		{"", ""},
+		{"\x1b[2J\x1b[1;31mFAKE\nline\x7f", "\\x1b[2J\\x1b[1;31mFAKE\\x0aline\\x7f"},
+		{"\x01\x1f ~", "\\x01\\x1f ~"},
+		{"caf\xc3\xa9 \xff", "caf\xc3\xa9 \xff"}, /* not ASCII: as it is */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char *got = cli_printable(cases[i][0]);
+		assert_non_null(got);
+		assert_string_equal(got, cases[i][1]);
+		free(got);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -143,6 +180,8 @@ int main(void)
 		cmocka_unit_test(test_put_path),
 		cmocka_unit_test(test_put_and_push_report_failure),
 		cmocka_unit_test(test_progress_line_covers_a_longer_one),
+		cmocka_unit_test(test_parse_uint_takes_digits_only),
+		cmocka_unit_test(test_printable_escapes_controls),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* Description: device errors against the libcuda double. A device index out
- * of range (the count read from the driver at each call) or malformed is a
- * usage error from fst_load, fst_load_explain and fst_load_start; running
+ * of range (the count read from the driver at each call) is FST_EDEVICE (no
+ * such device, as with no driver: exit 6), a malformed one a usage error,
+ * from fst_load, fst_load_explain and fst_load_start; running
  * out of device memory (exactly enough per device, then one byte short) is
  * FST_EDEVICE with CUDA_ERROR_OUT_OF_MEMORY, the device and the size named,
  * for fst_load and the streaming form; nothing is left live, and the
@@ -17,20 +18,20 @@ static void test_device_out_of_range(void **state)
 	ch_opts(&o, "cuda:5", FST_IO_PREAD, 2, 1 * MiB);
 	fst_buffer *buf = (fst_buffer *)&o; /* must be cleared */
 	fst_error err;
-	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EUSAGE);
+	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EDEVICE);
 	assert_null(buf);
-	assert_int_equal(err.code, FST_EUSAGE);
+	assert_int_equal(err.code, FST_EDEVICE);
 	assert_has(err.message, "device 5 out of range (2 devices)");
 	char text[256];
-	assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), FST_EUSAGE);
+	assert_int_equal(fst_load_explain(c.ck, &o, text, sizeof text, &err), FST_EDEVICE);
 	assert_has(err.message, "device 5 out of range (2 devices)");
 	fst_loader *ld = NULL;
-	assert_int_equal(fst_load_start(c.ck, &o, &ld, &err), FST_EUSAGE);
+	assert_int_equal(fst_load_start(c.ck, &o, &ld, &err), FST_EDEVICE);
 	assert_null(ld);
 	/* the count comes from the driver, at each call */
 	setenv("FST_DOUBLE_DEVICES", "1", 1);
 	o.device = "cuda:1";
-	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EUSAGE);
+	assert_int_equal(fst_load(c.ck, &o, &buf, &err), FST_EDEVICE);
 	assert_has(err.message, "device 1 out of range (1 device)");
 	unsetenv("FST_DOUBLE_DEVICES");
 	o.device = "cuda:x";

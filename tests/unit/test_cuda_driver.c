@@ -41,7 +41,7 @@ static void test_driver_queries(void **state)
 		assert_string_equal(info.pci_bus_id, want);
 	}
 	fst_cuda_device info;
-	assert_int_equal(fst_cuda_device_info(2, &info, &err), FST_EUSAGE);
+	assert_int_equal(fst_cuda_device_info(2, &info, &err), FST_EDEVICE);
 	assert_has(err.message, "device 2 out of range (2 devices)");
 	assert_int_equal(fst_cuda_device_info(0, NULL, &err), FST_EUSAGE);
 
@@ -55,7 +55,7 @@ static void test_driver_queries(void **state)
 	assert_true(gbps > 0);
 	assert_int_equal(fst_cuda_h2d_bandwidth(0, 1000, &gbps, &err), FST_EUSAGE);
 	assert_int_equal(fst_cuda_h2d_bandwidth(0, 4 * MiB, NULL, &err), FST_EUSAGE);
-	assert_int_equal(fst_cuda_h2d_bandwidth(7, 4 * MiB, &gbps, &err), FST_EUSAGE);
+	assert_int_equal(fst_cuda_h2d_bandwidth(7, 4 * MiB, &gbps, &err), FST_EDEVICE);
 	ch_assert_clean("after the bandwidth test", base);
 	ch_set_delay("50");
 }

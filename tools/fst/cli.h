@@ -29,8 +29,13 @@ int cli_exit_code(int status);
 /* Parse "1GiB", "512MiB", "64K", "1.5G", "100MB", "4096": binary units unless
  * the unit ends in "B" without "i" (KB, MB, GB, TB: powers of 1000). */
 bool cli_parse_size(const char *s, uint64_t *out);
-/* Parse a non-negative integer that fits in max. */
+/* Parse a non-negative integer that fits in max: decimal digits only (no
+ * sign, no leading space, which strtoull would take and " -1" wrap). */
 bool cli_parse_uint(const char *s, uint64_t max, uint64_t *out);
+/* s for a terminal: each control character (C0 and DEL) as \xNN, so that a
+ * name or metadata value from a file cannot move the cursor, clear the
+ * screen or forge lines. Returns a copy to free, or NULL out of memory. */
+char *cli_printable(const char *s);
 /* "1.50 GiB" into buf. */
 const char *cli_human_bytes(char *buf, size_t size, uint64_t bytes);
 /* The progress bar's line ("\r[###   ] 1.00 GiB / 2.00 GiB  3.21 GB/s  0.3 s

@@ -310,6 +310,10 @@ static int parse_args(int argc, char **argv, struct gen_args *a, bool *done)
 		return EXIT_USAGE;
 	}
 	a->dir = argv[optind];
+	if (!*a->dir) {
+		cli_error("gen", "OUTDIR is empty");
+		return EXIT_USAGE;
+	}
 	*done = false;
 	return EXIT_OK;
 }

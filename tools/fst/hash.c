@@ -536,6 +536,21 @@ static json_t *read_manifest(const char *manifest, struct checker *k, fst_error 
 		}
 		k->block = (uint64_t)b;
 	}
+	/* every digest a string of 32 hex digits: a mismatch is then told with
+	 * both digests, and the manifest's shape is its own error (exit 1) */
+	const char *name;
+	json_t *d;
+	json_object_foreach(k->want, name, d) {
+		const char *hex = json_string_value(d);
+		if (!hex || strlen(hex) != 32 || strspn(hex, "0123456789abcdef") != 32) {
+			snprintf(err->message, sizeof err->message,
+				 "%s: tensor \"%s\": the %s is not 32 lower-case hex digits",
+				 manifest, name, k->trees ? "tree digest" : "digest");
+			json_decref(m);
+			err->code = FST_EUSAGE;
+			return NULL;
+		}
+	}
 	return m;
 }
 

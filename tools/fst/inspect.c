@@ -4,6 +4,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void help(FILE *out)
@@ -95,7 +96,10 @@ static void print_file(const fst_file *f, struct summary *s)
 	for (size_t i = 0; i < fst_file_metadata_count(f); i++) {
 		const char *k, *v;
 		fst_file_metadata(f, i, &k, &v);
-		printf("  metadata %s = %s\n", k, v);
+		char *pk = cli_printable(k), *pv = cli_printable(v);
+		printf("  metadata %s = %s\n", pk ? pk : "?", pv ? pv : "?");
+		free(pk);
+		free(pv);
 	}
 	printf("  %-48s %-11s %-20s %14s %14s %6s\n", "name", "dtype", "shape", "bytes", "offset",
 	       "align");
@@ -113,9 +117,11 @@ static void print_file(const fst_file *f, struct summary *s)
 			strcat(shape, part);
 		}
 		strcat(shape, "]");
-		printf("  %-48s %-11s %-20s %14" PRIu64 " %14" PRIu64 " %6" PRIu64 "\n", t.name,
-		       fst_dtype_name(t.dtype), shape, t.nbytes, t.file_offset,
+		char *name = cli_printable(t.name);
+		printf("  %-48s %-11s %-20s %14" PRIu64 " %14" PRIu64 " %6" PRIu64 "\n",
+		       name ? name : "?", fst_dtype_name(t.dtype), shape, t.nbytes, t.file_offset,
 		       alignment_of(t.file_offset));
+		free(name);
 		unsigned elem = fst_dtype_bits(t.dtype) / 8;
 		s->tensors++;
 		s->bytes += t.nbytes;

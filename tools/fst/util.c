@@ -1,6 +1,7 @@
 /* util.c - helpers shared by the subcommands. */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -32,7 +33,7 @@ int cli_exit_code(int status)
 
 bool cli_parse_uint(const char *s, uint64_t max, uint64_t *out)
 {
-	if (!s || !*s || *s == '-' || *s == '+')
+	if (!s || !isdigit((unsigned char)*s))
 		return false;
 	char *end;
 	errno = 0;
@@ -41,6 +42,25 @@ bool cli_parse_uint(const char *s, uint64_t max, uint64_t *out)
 		return false;
 	*out = v;
 	return true;
+}
+
+char *cli_printable(const char *s)
+{
+	size_t n = 0;
+	for (const char *p = s; *p; p++)
+		n += (unsigned char)*p < 0x20 || *p == 0x7f ? 4 : 1;
+	char *out = malloc(n + 1), *o = out;
+	if (!out)
+		return NULL;
+	for (const char *p = s; *p; p++) {
+		unsigned char c = (unsigned char)*p;
+		if (c < 0x20 || c == 0x7f)
+			o += sprintf(o, "\\x%02x", c);
+		else
+			*o++ = (char)c;
+	}
+	*o = '\0';
+	return out;
 }
 
 bool cli_parse_size(const char *s, uint64_t *out)

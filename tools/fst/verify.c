@@ -154,7 +154,9 @@ static int print_hashes(const fst_checkpoint *ck, fst_buffer *buf, const char *m
 			cli_error("verify", "tensor \"%s\": cannot hash: %s", v.name, err.message);
 			rc = cli_exit_code(e);
 		} else {
-			printf("xxh3-128 %s %s\n", hex, v.name);
+			char *name = cli_printable(v.name);
+			printf("xxh3-128 %s %s\n", hex, name ? name : "?");
+			free(name);
 			/* tensor names are UTF-8 (the header is): a failure is memory */
 			if (manifest)
 				ok = ok && cli_json_put(tensors, v.name, json_string(hex)) &&
