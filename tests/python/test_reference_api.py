@@ -69,15 +69,20 @@ def numpy_tensors():
 
 # ------------------------------------------------------------ bytes, numpy
 
+def assert_saves_the_reference_bytes(fst_pkg, st_np, tensors, meta, p):
+    """Every way fst saves tensors writes the reference's bytes."""
+    want = ref_np.save(tensors, metadata=meta)
+    assert st_np.save(tensors, metadata=meta) == want
+    assert fst_pkg.save(tensors, meta) == want
+    st_np.save_file(tensors, p, metadata=meta)
+    assert file_bytes(p) == want
+
+
 def test_save_is_the_reference_bytes(fst_pkg, st_np, tmp_path):
     tensors = numpy_tensors()
     for meta in (None, {"format": "np"}):
-        want = ref_np.save(tensors, metadata=meta)
-        assert st_np.save(tensors, metadata=meta) == want
-        assert fst_pkg.save(tensors, meta) == want
-        p = tmp_path / "fst.safetensors"
-        st_np.save_file(tensors, p, metadata=meta)
-        assert file_bytes(p) == want
+        assert_saves_the_reference_bytes(fst_pkg, st_np, tensors, meta,
+                                         tmp_path / "fst.safetensors")
     # insertion order does not matter, in either
     backwards = dict(reversed(list(tensors.items())))
     assert st_np.save(backwards) == ref_np.save(tensors)
@@ -91,12 +96,8 @@ def test_control_characters_are_the_reference_bytes(fst_pkg, st, st_np, tmp_path
     tensors = {n: np.array([i], np.uint8) for i, n in enumerate(names)}
     # one entry: the reference writes several in its hash map's order
     meta = {"note\x1f\x0b": "tab\x0bvt\x1funit\\u001B"}
-    want = ref_np.save(tensors, metadata=meta)
-    assert st_np.save(tensors, metadata=meta) == want
-    assert fst_pkg.save(tensors, meta) == want
     p = tmp_path / "ctl.safetensors"
-    st_np.save_file(tensors, p, metadata=meta)
-    assert file_bytes(p) == want
+    assert_saves_the_reference_bytes(fst_pkg, st_np, tensors, meta, p)
     with st.safe_open(p, "np") as f:
         assert f.metadata() == meta
         assert sorted(f.keys()) == sorted(names)

@@ -568,15 +568,24 @@ static void test_bad_opts(void **state)
 	fst_writer_free(NULL);
 }
 
-static void test_order_alignment(void **state)
+/* A writer that orders by alignment, largest first. */
+static fst_writer *alignment_writer(void)
 {
-	(void)state;
 	fst_writer_opts o;
 	fst_writer_opts_init(&o);
 	o.order = FST_ORDER_ALIGNMENT;
 	fst_writer *w;
 	fst_error err;
-	assert_int_equal(fst_writer_new(&o, &w, &err), 0);
+	if (fst_writer_new(&o, &w, &err))
+		fail_msg("fst_writer_new: %s", err.message);
+	return w;
+}
+
+static void test_order_alignment(void **state)
+{
+	(void)state;
+	fst_writer *w = alignment_writer();
+	fst_error err;
 	static uint8_t buf[64];
 	/* name, bytes: added smallest divisor first. */
 	static const struct {
@@ -735,12 +744,8 @@ static void test_duplicate_after_finish(void **state)
 	(void)state;
 	/* finishing sorts the tensors (largest alignment first): names added
 	 * before it are still known after it */
-	fst_writer_opts o;
-	fst_writer_opts_init(&o);
-	o.order = FST_ORDER_ALIGNMENT;
-	fst_writer *w;
+	fst_writer *w = alignment_writer();
 	fst_error err;
-	assert_int_equal(fst_writer_new(&o, &w, &err), 0);
 	uint8_t b[8] = {0};
 	uint64_t one = 1, eight = 8;
 	assert_int_equal(fst_writer_add(w, "a", FST_DTYPE_U8, 1, &one, b, 1, &err), 0);
