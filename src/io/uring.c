@@ -23,6 +23,7 @@
 #include <liburing.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -185,12 +186,20 @@ static void reap(struct uring_worker *w)
 /* Wait until every request of win has completed; then its bytes are final. */
 static int window_wait(struct uring_worker *w, struct window *win, fst_error *err)
 {
+	unsigned busy = 0; /* kernel short of resources, in a row */
 	while (win->pending) {
 		int fault = fsti_fault("uring_submit");
 		int got = fault ? -fault : io_uring_submit_and_wait(&w->ring, 1);
-		if (got < 0 && got != -EINTR)
+		if ((got == -EAGAIN || got == -EBUSY) && ++busy <= 1000) {
+			/* "wait for some completions and try again": those in
+			 * flight land meanwhile, and free what the kernel lacks */
+			nanosleep(&(struct timespec){0, 1000000}, NULL);
+		} else if (got < 0 && got != -EINTR) {
 			return fsti_err_sys(err, FST_EIO, -got, "%s: io_uring submit failed",
 					    win->path);
+		} else if (got >= 0) {
+			busy = 0;
+		}
 		reap(w);
 	}
 	if (win->rc) {
@@ -245,6 +254,11 @@ static int uring_start(const struct fsti_source *src, void *state, int slot, uin
 	}
 	int fault = fsti_fault("uring_submit");
 	int got = fault ? -fault : io_uring_submit(&w->ring);
+	/* interrupted, or the kernel short of resources until completions are
+	 * reaped: the requests stay queued, and window_wait's submit sends
+	 * them */
+	if (got == -EINTR || got == -EAGAIN || got == -EBUSY)
+		return 0;
 	if (got < 0)
 		return fsti_err_sys(err, FST_EIO, -got, "%s: io_uring submit failed", win->path);
 	return 0;

@@ -283,6 +283,19 @@ static void *worker_main(void *arg)
 	if (e->sink && k >= e->nthreads - e->disk_helpers)
 		role = (struct worker_role){&fsti_reader_uring, &e->disk_src, FSTI_SLOTS - 1, true};
 	int rc = role.reader->worker_init(role.src, &rstate, &err);
+	if (rc && !role.helper && role.reader == &fsti_reader_uring &&
+	    e->opts.io == FST_IO_AUTO) {
+		/* auto never fails where a slower path reads the same bytes: a
+		 * worker without a ring of its own (a process near its descriptor
+		 * limit) reads its chunks with pread, through the page cache */
+		if (!atomic_exchange(&e->ring_fallback, true))
+			fsti_log(FST_LOG_WARN, "io=auto: %s; a worker without an io_uring ring reads "
+					       "with pread",
+				 err.message);
+		role = (struct worker_role){&fsti_reader_pread, &e->src, 1, false};
+		fsti_err_clear(&err);
+		rc = role.reader->worker_init(role.src, &rstate, &err);
+	}
 	if (rc && role.helper) {
 		/* the workers read everything without it */
 		fsti_log(FST_LOG_INFO, "disk helper: %s; the workers read its share", err.message);
@@ -1088,6 +1101,9 @@ int fst_loader_finish(fst_loader *ld, fst_buffer **out, fst_error *err)
 		if (fsti_direct_fds_shared(e->src.direct))
 			describe_append(e->buf, "; another load of these files appeared: the rest "
 						"read through the page cache");
+		if (atomic_load(&e->ring_fallback))
+			describe_append(e->buf, "; workers without an io_uring ring of their own read "
+						"with pread");
 		if (out) {
 			*out = e->buf;
 			e->buf = NULL;

@@ -195,6 +195,9 @@ struct fsti_engine {
 	 * ends (ends.c). */
 	unsigned disk_helpers;
 	atomic_uint worker_seq;
+	/* io=auto: a worker's io_uring ring could not be set up, so it reads
+	 * with pread (said once) */
+	atomic_bool ring_fallback;
 	fsti_ends ends;
 	struct fsti_source disk_src;
 	atomic_uint_fast64_t disk_bytes;

@@ -436,6 +436,86 @@ static void test_eintr_retried(void **state)
 	fst_checkpoint_close(ck);
 }
 
+/* io_uring: a submit interrupted (EINTR) or short of resources (EAGAIN)
+ * leaves its requests queued for the wait's submit: the load succeeds
+ * whichever submit it hits (one worker: call 1 sets its ring up). */
+static void test_uring_submit_retried(void **state)
+{
+	(void)state;
+	if (lh_io_skipped(FST_IO_URING))
+		skip();
+	write_ckpt();
+	fst_checkpoint *ck = lh_open(ckp.path);
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.io = FST_IO_URING;
+	o.threads = 1;
+	o.chunk_bytes = 16384;
+	static const char *const errs[] = {"EINTR", "EAGAIN"};
+	for (int k = 0; k < 2; k++)
+		for (int n = 2; n <= 10; n++) {
+			char spec[40];
+			snprintf(spec, sizeof spec, "uring_submit:%d:%s", n, errs[k]);
+			assert_int_equal(fst_fault_set(spec, NULL), 0);
+			load_and_check(ck, &o, spec);
+		}
+	assert_int_equal(fst_fault_set(NULL, NULL), 0);
+	fst_checkpoint_close(ck);
+}
+
+/* io=auto, cold files: workers whose io_uring ring cannot be set up (a
+ * process at its descriptor limit) read with pread, and the load is whole;
+ * io=uring asked for still fails. */
+static void test_auto_without_rings(void **state)
+{
+	(void)state;
+	if (lh_io_skipped(FST_IO_URING))
+		skip();
+	write_ckpt();
+	fst_checkpoint *ck = lh_open(ckp.path);
+	lh_files fs;
+	lh_files_read(ck, &fs);
+	/* every ring refused; then only the first (call 1 is always some
+	 * worker's ring: each sets one up before it submits) */
+	static const char *const specs[] = {"uring_submit:1+", "uring_submit:1"};
+	for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+		for (unsigned threads = 1; threads <= 3; threads += 2) {
+			fst_load_opts o;
+			fst_load_opts_init(&o);
+			o.io = FST_IO_AUTO;
+			o.threads = threads;
+			lh_evict(ck);
+			double cached = fsti_cached_fraction(ck);
+			if (cached < 0 || cached >= 0.5)
+				skip(); /* files that stay cached are read with pread anyway */
+			char what[64];
+			snprintf(what, sizeof what, "%s, %u threads", specs[i], threads);
+			assert_int_equal(fst_fault_set(specs[i], NULL), 0);
+			fst_buffer *buf;
+			fst_error err;
+			int rc = fst_load(ck, &o, &buf, &err);
+			assert_int_equal(fst_fault_set("", NULL), 0);
+			if (rc)
+				fail_msg("%s: %s", what, err.message);
+			lh_check_buffer(ck, &fs, buf, &o, NULL, what);
+			const char *d = fst_buffer_describe(buf);
+			if (!strstr(d, "uring") || !strstr(d, "without an io_uring ring of their own"))
+				fail_msg("%s: %s", what, d);
+			fst_buffer_release(buf);
+		}
+	lh_files_free(&fs);
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.io = FST_IO_URING;
+	assert_int_equal(fst_fault_set("uring_submit:1+", NULL), 0);
+	fst_buffer *buf;
+	fst_error err;
+	assert_int_equal(fst_load(ck, &o, &buf, &err), FST_EUNSUPPORTED);
+	assert_has(err.message, "io_uring_queue_init failed");
+	assert_int_equal(fst_fault_set(NULL, NULL), 0);
+	fst_checkpoint_close(ck);
+}
+
 /* Every message at every level (the refusal below is logged at info). */
 static char all_log[4096];
 static void capture_all(void *ctx, int level, const char *message)
@@ -746,6 +826,8 @@ int main(void)
 		cmocka_unit_test(test_mmap),
 		cmocka_unit_test(test_persistent),
 		cmocka_unit_test(test_eintr_retried),
+		cmocka_unit_test(test_uring_submit_retried),
+		cmocka_unit_test(test_auto_without_rings),
 		cmocka_unit_test(test_direct_read_refused),
 		cmocka_unit_test(test_truncated_after_open),
 		cmocka_unit_test(test_rewritten_same_size),
