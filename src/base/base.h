@@ -146,15 +146,30 @@ void fsti_names_free(fsti_names *t);
 /* SipHash-c-d of len bytes under the key (k0, k1). */
 uint64_t fsti_siphash(int c, int d, uint64_t k0, uint64_t k1, const void *data, size_t len);
 
+/* ---- options structs */
+
+/* Whether an options struct's struct_size is one a released fst.h gave it:
+ * a size between two fields' ends would mix the caller's bytes with the
+ * defaults inside one field (half a pointer). released holds every size the
+ * struct has had, oldest first. */
+static inline bool fsti_struct_size_known(size_t struct_size, const size_t *released, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (struct_size == released[i])
+			return true;
+	return false;
+}
+
 /* ---- host memory (host_mem.c) */
 
 /* The huge page transparent huge pages come in on x86-64 and most arm64
  * kernels. */
 #define FSTI_HUGE_PAGE (2ull << 20)
-/* Anonymous memory advised for huge pages, aligned to 2 MiB, a whole
- * number of huge pages long; optionally page-locked. *map_len receives the
- * length to pass to fsti_host_free. */
-int fsti_host_alloc(uint64_t size, bool pinned, void **out, uint64_t *map_len, fst_error *err);
+/* Anonymous memory advised for huge pages, aligned to 2 MiB or align if
+ * larger, a whole number of huge pages long; optionally page-locked.
+ * *map_len receives the length to pass to fsti_host_free. */
+int fsti_host_alloc(uint64_t size, uint64_t align, bool pinned, void **out, uint64_t *map_len,
+		    fst_error *err);
 void fsti_host_free(void *p, uint64_t map_len);
 /* Faults len bytes at p (from fsti_host_alloc, not yet touched) in, on up
  * to threads threads at once; the bytes stay zero. */

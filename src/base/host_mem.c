@@ -14,7 +14,8 @@
 #include <pthread.h>
 #include <sys/mman.h>
 
-int fsti_host_alloc(uint64_t size, bool pinned, void **out, uint64_t *map_len, fst_error *err)
+int fsti_host_alloc(uint64_t size, uint64_t align, bool pinned, void **out, uint64_t *map_len,
+		    fst_error *err)
 {
 	*out = NULL;
 	*map_len = 0;
@@ -23,15 +24,20 @@ int fsti_host_alloc(uint64_t size, bool pinned, void **out, uint64_t *map_len, f
 	if (fsti_fault("host_alloc"))
 		return fsti_err(err, FST_ENOMEM, "cannot allocate %" PRIu64
 						 " bytes of host memory (injected fault)", size);
+	/* the base at a multiple of the caller's alignment too: a load's plan
+	 * aligns tensors from the base, so a larger opts.align needs a base
+	 * aligned to it */
+	uint64_t base_align = FSTI_MAX(align, (uint64_t)FSTI_HUGE_PAGE);
 	uint64_t len = (size + FSTI_HUGE_PAGE - 1) & ~(FSTI_HUGE_PAGE - 1);
-	uint64_t want = len + FSTI_HUGE_PAGE;
+	uint64_t want = len + base_align;
 	char *p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
 		       -1, 0);
 	if (p == MAP_FAILED)
 		return fsti_err_sys(err, FST_ENOMEM, errno,
 				    "cannot allocate %" PRIu64 " bytes of host memory", size);
-	/* Trim to a 2 MiB-aligned window so huge pages can back all of it. */
-	uintptr_t a = ((uintptr_t)p + FSTI_HUGE_PAGE - 1) & ~(uintptr_t)(FSTI_HUGE_PAGE - 1);
+	/* Trim to an aligned window (2 MiB at least, so huge pages can back
+	 * all of it). */
+	uintptr_t a = ((uintptr_t)p + base_align - 1) & ~(uintptr_t)(base_align - 1);
 	if (a > (uintptr_t)p)
 		munmap(p, a - (uintptr_t)p);
 	uint64_t tail = (uint64_t)((uintptr_t)p + want - (a + len));

@@ -59,7 +59,8 @@ int fst_writer_new(const fst_writer_opts *opts, fst_writer **out, fst_error *err
 	fst_writer_opts o;
 	fst_writer_opts_init(&o);
 	if (opts) {
-		if (opts->struct_size > sizeof o || opts->struct_size < sizeof(size_t))
+		static const size_t released[] = {sizeof(fst_writer_opts)}; /* as in options.c */
+		if (!fsti_struct_size_known(opts->struct_size, released, 1))
 			return fsti_err(err, FST_EUSAGE, "fst_writer_new: opts not initialised "
 							 "with fst_writer_opts_init");
 		memcpy(&o, opts, opts->struct_size);

@@ -101,7 +101,7 @@ static int pinned_new(const struct fsti_cuda *cu, uint64_t len, unsigned threads
 	void *p;
 	uint64_t map_len;
 	enum staging_pages pages = staging_pages();
-	if (pages != STAGING_DRIVER && fsti_host_alloc(len, false, &p, &map_len, NULL) == 0) {
+	if (pages != STAGING_DRIVER && fsti_host_alloc(len, 0, false, &p, &map_len, NULL) == 0) {
 		if (pages == STAGING_HUGE)
 			fsti_host_populate(p, map_len, threads);
 		*r = cu->cuMemHostRegister_v2(p, (size_t)map_len, FSTI_CU_MEMHOSTREGISTER_PORTABLE);

@@ -23,7 +23,7 @@ int fsti_alloc_host(struct fsti_engine *e, fst_error *err)
 	if (a && a->alloc) {
 		return fsti_buffer_from_allocator(b, a, size, e->opts.align, release_host, err);
 	}
-	int rc = fsti_host_alloc(size, e->opts.pinned, &b->base, &b->map_len, err);
+	int rc = fsti_host_alloc(size, e->opts.align, e->opts.pinned, &b->base, &b->map_len, err);
 	if (rc)
 		return rc;
 	b->size = size;
@@ -54,7 +54,7 @@ static int host_worker_init(struct fsti_engine *e, void **state, fst_error *err)
 	uint64_t whole = (len + FSTI_HUGE_PAGE - 1) & ~(FSTI_HUGE_PAGE - 1);
 	if (whole * e->nthreads <= e->opts.staging_bytes) {
 		void *p;
-		int rc = fsti_host_alloc(len, false, &p, &w->map_len, err);
+		int rc = fsti_host_alloc(len, 0, false, &p, &w->map_len, err);
 		if (rc)
 			return rc;
 		w->slots = p;

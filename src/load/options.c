@@ -37,12 +37,17 @@ int fsti_parse_device(const char *s, int *type, int *id, fst_error *err)
 		*id = 0;
 		return 0;
 	}
-	if (!strncmp(s, "cuda:", 5) && s[5]) {
-		char *end;
-		long v = strtol(s + 5, &end, 10);
-		if (!*end && v >= 0 && v < 1024) {
+	/* cuda:N, N in plain decimal digits as torch writes it: no sign, no
+	 * space, no leading zero (strtol would take all three) */
+	if (!strncmp(s, "cuda:", 5) && s[5] >= '0' && s[5] <= '9' &&
+	    (s[5] != '0' || !s[6])) {
+		int v = 0;
+		const char *c = s + 5;
+		while (*c >= '0' && *c <= '9' && v < 1024)
+			v = v * 10 + (*c++ - '0');
+		if (!*c && v < 1024) {
 			*type = FST_DEVICE_CUDA;
-			*id = (int)v;
+			*id = v;
 			return 0;
 		}
 	}
@@ -77,7 +82,10 @@ int fsti_load_opts_check(const fst_load_opts *in, fst_load_opts *o, fst_error *e
 {
 	fst_load_opts_init(o);
 	if (in) {
-		if (in->struct_size < sizeof(size_t) || in->struct_size > sizeof *o)
+		/* every size fst_load_opts has had in a release; a new field
+		 * appends the new sizeof */
+		static const size_t released[] = {sizeof(fst_load_opts)};
+		if (!fsti_struct_size_known(in->struct_size, released, 1))
 			return fsti_err(err, FST_EUSAGE,
 					"load options not initialised with fst_load_opts_init");
 		memcpy(o, in, in->struct_size);

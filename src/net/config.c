@@ -219,7 +219,8 @@ int fsti_remote_new(const fst_open_opts *in, bool s3, struct fsti_remote **out, 
 	fst_open_opts o;
 	fst_open_opts_init(&o);
 	if (in) {
-		if (in->struct_size < sizeof(size_t) || in->struct_size > sizeof o)
+		static const size_t released[] = {sizeof(fst_open_opts)}; /* as in options.c */
+		if (!fsti_struct_size_known(in->struct_size, released, 1))
 			return fsti_err(err, FST_EUSAGE,
 					"open options not initialised with fst_open_opts_init");
 		memcpy(&o, in, in->struct_size);

@@ -44,7 +44,8 @@ static void test_bad_options(void **state)
 	lh_expect_usage(ck, &o, FST_EUSAGE, "65 threads");
 
 	static const char *const bad_devices[] = {"gpu", "", "cuda:", "cuda:x", "cuda:-1",
-						  "CPU", "cuda0"};
+						  "CPU", "cuda0", "cuda: 1", "cuda:+2", "cuda:-0",
+						  "cuda:\t3", "cuda:007", "cuda:1 ", "cuda:99999999999"};
 	for (size_t i = 0; i < sizeof bad_devices / sizeof bad_devices[0]; i++) {
 		fst_load_opts_init(&o);
 		o.device = bad_devices[i];
@@ -57,6 +58,12 @@ static void test_bad_options(void **state)
 	o.struct_size = 0;
 	lh_expect_usage(ck, &o, FST_EUSAGE, "fst_load_opts_init");
 	o.struct_size = sizeof o + 8;
+	lh_expect_usage(ck, &o, FST_EUSAGE, "fst_load_opts_init");
+	/* a size that ends inside a field (half of the device pointer): no
+	 * release had it, so it is refused rather than copied */
+	o.struct_size = offsetof(fst_load_opts, device) + sizeof(void *) / 2;
+	lh_expect_usage(ck, &o, FST_EUSAGE, "fst_load_opts_init");
+	o.struct_size = sizeof o - 1;
 	lh_expect_usage(ck, &o, FST_EUSAGE, "fst_load_opts_init");
 
 	/* a GPU on this machine: a clean error, not a crash (or, where a GPU

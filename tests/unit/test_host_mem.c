@@ -34,7 +34,7 @@ static void test_populate(void **state)
 			void *p;
 			uint64_t map_len;
 			fst_error err;
-			assert_int_equal(fsti_host_alloc(sizes[i], false, &p, &map_len, &err), 0);
+			assert_int_equal(fsti_host_alloc(sizes[i], 0, false, &p, &map_len, &err), 0);
 			assert_int_equal(resident(p, map_len), 0); /* nothing touched yet */
 			/* the caller's length, not the mapping's: its last page counts */
 			fsti_host_populate(p, sizes[i], threads[k]);

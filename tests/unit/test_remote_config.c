@@ -230,6 +230,9 @@ static void test_config_refused(void **state)
 	o.struct_size = 3;
 	resolve(&o, FST_EUSAGE, &err);
 	assert_has(err.message, "fst_open_opts_init");
+	o.struct_size = sizeof o - 1; /* ends inside the last field */
+	resolve(&o, FST_EUSAGE, &err);
+	assert_has(err.message, "fst_open_opts_init");
 }
 
 static void test_config_files(void **state)

@@ -559,6 +559,11 @@ static void test_bad_opts(void **state)
 	/* Options not set up by fst_writer_opts_init. */
 	memset(&o, 0, sizeof o);
 	assert_int_equal(fst_writer_new(&o, &w, &err), FST_EUSAGE);
+	/* a size no release gave the struct, ending inside a field */
+	fst_writer_opts_init(&o);
+	o.struct_size = sizeof o - 1;
+	assert_int_equal(fst_writer_new(&o, &w, &err), FST_EUSAGE);
+	assert_has(err.message, "fst_writer_opts_init");
 	assert_int_equal(fst_writer_new(NULL, NULL, &err), FST_EUSAGE);
 	/* The extremes are allowed. */
 	fst_writer_opts_init(&o);
