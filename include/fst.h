@@ -205,7 +205,8 @@ FST_API int fst_file_open_memory(const void *data, size_t size, const char *name
 
 FST_API void fst_file_close(fst_file *file);
 
-/* The path or name given at open (since 0.1). */
+/* The path or name given at open; a URL with its password and query shown
+ * as "***" (since 0.1). */
 FST_API const char *fst_file_path(const fst_file *file);
 /* Size of the whole file in bytes (since 0.1). */
 FST_API uint64_t fst_file_size(const fst_file *file);
@@ -260,9 +261,11 @@ FST_API int fst_checkpoint_from_files(fst_file **files, size_t count, fst_checkp
 				      fst_error *err);
 FST_API void fst_checkpoint_close(fst_checkpoint *ckpt);
 
-/* The path given at open (since 0.1). */
+/* The path given at open; a URL with its password and query shown as "***"
+ * (since 0.1). */
 FST_API const char *fst_checkpoint_path(const fst_checkpoint *ckpt);
-/* The index file used, or NULL (since 0.1). */
+/* The index file used, or NULL; a URL shown as by fst_checkpoint_path
+ * (since 0.1). */
 FST_API const char *fst_checkpoint_index_path(const fst_checkpoint *ckpt);
 FST_API size_t fst_checkpoint_file_count(const fst_checkpoint *ckpt);
 /* File i; owned by the checkpoint (since 0.1). */

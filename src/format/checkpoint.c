@@ -87,7 +87,8 @@ static int build_table(fst_checkpoint *c, fst_error *err)
 static fst_checkpoint *checkpoint_new(const char *path, fst_error *err)
 {
 	fst_checkpoint *c = fsti_calloc(1, sizeof *c);
-	if (c && (c->path = fsti_strdup(path)))
+	/* a URL's secrets are not shown (fsti_url_display) */
+	if (c && (c->path = fsti_url_display(path)))
 		return c;
 	fsti_free(c);
 	fsti_err(err, FST_ENOMEM, "%s: out of memory", path);
@@ -133,10 +134,16 @@ static char *join_path(const char *dir, const char *name)
 	return p;
 }
 
+/* Whether s[0..a) ends with suffix. */
+static bool ends_with_n(const char *s, size_t a, const char *suffix)
+{
+	size_t b = strlen(suffix);
+	return a >= b && !memcmp(s + a - b, suffix, b);
+}
+
 static bool ends_with(const char *s, const char *suffix)
 {
-	size_t a = strlen(s), b = strlen(suffix);
-	return a >= b && !strcmp(s + a - b, suffix);
+	return ends_with_n(s, strlen(s), suffix);
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -464,7 +471,7 @@ static int check_mapped(const fst_checkpoint *c, const char *index_path, json_t 
 }
 
 /* Tensors in the shards that the map does not name are kept: say so. */
-static void report_unmapped(const fst_checkpoint *c, const char *index_path, json_t *map)
+static void report_unmapped(const fst_checkpoint *c, json_t *map)
 {
 	size_t nmap = json_object_size(map);
 	if (c->ntensors <= nmap)
@@ -474,7 +481,7 @@ static void report_unmapped(const fst_checkpoint *c, const char *index_path, jso
 			fsti_log(FST_LOG_WARN,
 				 "%s: %zu tensors are in shards but not in weight_map (first: "
 				 "\"%s\" in %s); they are kept",
-				 index_path, c->ntensors - nmap, entry_name(c, i),
+				 c->index_path, c->ntensors - nmap, entry_name(c, i),
 				 c->files[c->entries[i].file]->path);
 			break;
 		}
@@ -503,14 +510,14 @@ static int open_mapped(fst_checkpoint *c, const char *index_path, const char *di
 	if (!rc)
 		rc = build_table(c, err);
 	if (!rc)
-		report_unmapped(c, index_path, map);
+		report_unmapped(c, map);
 	fsti_free(shards);
 	return rc;
 }
 
 static int open_index(fst_checkpoint *c, const char *index_path, const char *dir, fst_error *err)
 {
-	if (!(c->index_path = fsti_strdup(index_path)))
+	if (!(c->index_path = fsti_url_display(index_path)))
 		return fsti_err(err, FST_ENOMEM, "out of memory");
 	json_t *root;
 	int rc = load_index(c, index_path, &root, err);
@@ -676,10 +683,10 @@ static int open_remote(fst_checkpoint *c, const char *url, const fst_open_opts *
 	if (!rc)
 		rc = fsti_conn_new(&c->conn, err);
 	if (!rc) {
-		fsti_log(FST_LOG_INFO, "%s: %s", url, c->remote->why);
+		fsti_log(FST_LOG_INFO, "%s: %s", c->path, c->remote->why);
 		if (fsti_url_is_folder(url))
 			rc = open_directory(c, url, err);
-		else if (ends_with(url, ".json"))
+		else if (ends_with_n(url, fsti_url_path_len(url), ".json")) /* not its query */
 			rc = open_index_path(c, url, err);
 		else if (!(rc = add_file(c, url, 1, err)))
 			rc = build_table(c, err);
@@ -724,6 +731,9 @@ int fst_checkpoint_open_ex(const char *path, const fst_open_opts *opts, fst_chec
 	}
 	if (rc) {
 		fst_checkpoint_close(c);
+		/* messages name the URL, its index and shards as given */
+		if (err && fsti_url_kind(path))
+			fsti_url_hide(err->message, sizeof err->message, path);
 		return rc;
 	}
 	*out = c;

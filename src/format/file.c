@@ -44,7 +44,7 @@ static fst_file *file_new(const char *name, fst_error *err)
 	fst_file *f = fsti_calloc(1, sizeof *f);
 	if (f) {
 		f->fd = -1;
-		f->path = fsti_strdup(name);
+		f->path = fsti_url_display(name); /* a URL's secrets not shown */
 		if (f->path)
 			return f;
 		fsti_free(f);
@@ -229,12 +229,12 @@ int fsti_file_open_remote(const char *url, struct fsti_remote *r, struct fsti_co
 		return rc;
 	}
 	f->size = f->remote->size;
-	rc = check_lengths(url, f->size, (const unsigned char *)head, &hlen, err);
+	rc = check_lengths(f->path, f->size, (const unsigned char *)head, &hlen, err);
 	if (!rc && 8 + hlen > got) {
 		char *grown = fsti_realloc(head, (size_t)(8 + hlen));
 		if (!grown)
 			rc = fsti_err(err, FST_ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header",
-				      url, hlen);
+				      f->path, hlen);
 		else
 			head = grown;
 		if (!rc)
@@ -242,7 +242,7 @@ int fsti_file_open_remote(const char *url, struct fsti_remote *r, struct fsti_co
 	}
 	if (!rc) {
 		f->data_offset = 8 + hlen;
-		rc = fsti_parse_header(f, url, head + 8, hlen, f->size - f->data_offset, err);
+		rc = fsti_parse_header(f, f->path, head + 8, hlen, f->size - f->data_offset, err);
 	}
 	fsti_free(head);
 	if (rc) {
@@ -270,6 +270,8 @@ static int open_url(const char *url, const fst_open_opts *opts, fst_file **out, 
 			fsti_conn_free(c);
 	}
 	fsti_remote_unref(r);
+	if (rc && err)
+		fsti_url_hide(err->message, sizeof err->message, url);
 	return rc;
 }
 

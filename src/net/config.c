@@ -100,8 +100,11 @@ static int read_profile(const char *name, bool named, struct profile *p, fst_err
 	memset(p, 0, sizeof *p);
 	p->cred_path = aws_file(FSTI_ENV_AWS_SHARED_CREDENTIALS_FILE, "credentials");
 	p->config_path = aws_file(FSTI_ENV_AWS_CONFIG_FILE, "config");
+	/* the config file's profiles are [profile NAME], the default one also
+	 * [default] (fsti_ini_read takes either for "profile default"); the
+	 * credentials file's are [NAME] */
 	char section[300];
-	snprintf(section, sizeof section, "%s%s", strcmp(name, "default") ? "profile " : "", name);
+	snprintf(section, sizeof section, "profile %s", name);
 	bool in_cred = false, in_config = false;
 	int rc = 0;
 	if (p->cred_path)
@@ -251,6 +254,36 @@ int fsti_remote_new(const fst_open_opts *in, bool s3, struct fsti_remote **out, 
 	return 0;
 }
 
+static bool lower_alnum(char ch)
+{
+	return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9');
+}
+
+/*
+ * Whether bucket can be virtual-hosted, as botocore decides: it must be a
+ * host name's labels, 3 to 63 of a-z, 0-9 and '-' with a letter or digit
+ * at each end. Older buckets may hold capitals and '_', which no host name
+ * carries (DNS has no case: the request would reach another bucket), so
+ * only path-style reaches them. A '.' makes more labels than a wildcard
+ * certificate covers, so it is taken only over plain http.
+ */
+static bool virtual_ok(const char *bucket, bool dots)
+{
+	size_t n = strlen(bucket);
+	if (n < 3 || n > 63)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char ch = bucket[i];
+		if (lower_alnum(ch))
+			continue;
+		/* each label begins and ends with a letter or digit */
+		if (i == 0 || i == n - 1 || !(ch == '-' || (ch == '.' && dots)) ||
+		    bucket[i - 1] == '.' || bucket[i + 1] == '.')
+			return false;
+	}
+	return true;
+}
+
 char *fsti_remote_s3_url(const struct fsti_remote *r, const char *bucket, const char *key,
 			 const char *query)
 {
@@ -263,9 +296,8 @@ char *fsti_remote_s3_url(const struct fsti_remote *r, const char *bucket, const 
 	} else {
 		snprintf(aws, sizeof aws, "s3.%s.amazonaws.com", r->region);
 	}
-	/* virtual-hosted names cannot hold a '.' under https: the wildcard
-	 * certificate covers one label */
-	bool path = r->path_style || (!r->endpoint && strchr(bucket, '.'));
+	bool path = r->path_style ||
+		    !virtual_ok(bucket, r->endpoint && !strncasecmp(r->endpoint, "http://", 7));
 	size_t n = strlen(scheme) + strlen(base) + strlen(bucket) + strlen(key) +
 		   (query ? strlen(query) : 0) + 8;
 	char *url = fsti_malloc(n);

@@ -49,7 +49,9 @@ struct request {
 	uint64_t range_first, range_last, range_total; /* Content-Range */
 	bool total_unknown;                            /* "bytes A-B/(star)" */
 	bool has_total;                                /* range_total was said */
-	char etag[192], last_modified[64];
+	char *etag;              /* whole, as sent back in If-Match; NULL: none */
+	bool out_of_memory;      /* for a header */
+	char last_modified[64];  /* an HTTP date: 29 characters */
 	uint64_t got; /* body bytes kept */
 	bool ignored_range, bad_start, too_long, past_range;
 	char body[ERROR_BODY + 1]; /* of a response that is not the one wanted */
@@ -90,6 +92,7 @@ void fsti_object_free(struct fsti_object *o)
 		return;
 	fsti_free(o->name);
 	fsti_free(o->url);
+	fsti_free(o->etag);
 	fsti_remote_unref(o->remote);
 	fsti_free(o);
 }
@@ -154,11 +157,19 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ctx)
 		q->status = sp ? strtol(sp + 1, NULL, 10) : 0;
 		q->has_range = q->total_unknown = q->has_total = false;
 		q->range_total = 0;
-		q->etag[0] = q->last_modified[0] = '\0';
+		fsti_free(q->etag);
+		q->etag = NULL;
+		q->last_modified[0] = '\0';
 	} else if (header_is(line, n, "Content-Range", &v, &vlen)) {
 		parse_content_range(q, v, vlen);
 	} else if (header_is(line, n, "ETag", &v, &vlen)) {
-		copy_value(q->etag, sizeof q->etag, v, vlen);
+		/* no bound on its length: a cut one would not match itself */
+		fsti_free(q->etag);
+		if (!(q->etag = fsti_malloc(vlen + 1))) {
+			q->out_of_memory = true;
+			return 0;
+		}
+		copy_value(q->etag, vlen + 1, v, vlen);
 	} else if (header_is(line, n, "Last-Modified", &v, &vlen)) {
 		copy_value(q->last_modified, sizeof q->last_modified, v, vlen);
 	}
@@ -260,7 +271,11 @@ static int set_options(struct fsti_conn *c, const struct fsti_remote *r, bool si
 	SET(FSTI_CURLOPT_ERRORBUFFER, c->error);
 	/* threads: no signals for name resolution timeouts */
 	SET(FSTI_CURLOPT_NOSIGNAL, 1L);
-	SET(FSTI_CURLOPT_FOLLOWLOCATION, 1L);
+	/* A signed request stops at a redirect: libcurl would drop only its
+	 * Authorization on the way to another host, not the session token
+	 * header. S3 redirects to another region's endpoint, where the
+	 * signature would not hold anyway. */
+	SET(FSTI_CURLOPT_FOLLOWLOCATION, sign ? 0L : 1L);
 	SET(FSTI_CURLOPT_MAXREDIRS, MAX_REDIRS);
 	SET(FSTI_CURLOPT_TCP_KEEPALIVE, 1L);
 	SET(FSTI_CURLOPT_BUFFERSIZE, RECV_BUFFER);
@@ -287,7 +302,10 @@ static int set_options(struct fsti_conn *c, const struct fsti_remote *r, bool si
 	/* http and https only, redirects included; a libcurl older than 7.85
 	 * lacks the option (CURLE_UNKNOWN_OPTION), which is fine */
 	cu->curl_easy_setopt(h, FSTI_CURLOPT_PROTOCOLS_STR, "http,https");
-	cu->curl_easy_setopt(h, FSTI_CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+	/* and never from https down to http, where anyone between could
+	 * change the bytes */
+	cu->curl_easy_setopt(h, FSTI_CURLOPT_REDIR_PROTOCOLS_STR,
+			     strncasecmp(q->url, "https:", 6) ? "http,https" : "https");
 	return 0;
 }
 
@@ -299,31 +317,40 @@ static struct fsti_curl_slist *make_headers(const struct fsti_curl *cu,
 					    const char *if_match, bool *oom)
 {
 	struct fsti_curl_slist *l = NULL, *next;
-	char line[4200];
-	*oom = false;
-#define ADD(s)                                                \
-	do {                                                  \
-		if (!(next = cu->curl_slist_append(l, s))) { \
-			*oom = true;                          \
-			goto fail;                            \
-		}                                             \
-		l = next;                                     \
-	} while (0)
+	/* "NAME: VALUE" of values of any length (a session token or an ETag
+	 * has no bound: a cut one would be another) */
+	const char *names[3] = {NULL}, *values[3] = {NULL};
+	size_t n = 0;
 	if (sign) {
-		ADD("x-amz-content-sha256: UNSIGNED-PAYLOAD");
+		names[n] = "x-amz-content-sha256";
+		values[n++] = "UNSIGNED-PAYLOAD";
 		if (r->token) {
-			snprintf(line, sizeof line, "x-amz-security-token: %s", r->token);
-			ADD(line);
+			names[n] = "x-amz-security-token";
+			values[n++] = r->token;
 		}
 	}
 	if (if_match) {
-		snprintf(line, sizeof line, "If-Match: %s", if_match);
-		ADD(line);
+		names[n] = "If-Match";
+		values[n++] = if_match;
+	}
+	*oom = true;
+	for (size_t i = 0; i < n; i++) {
+		size_t len = strlen(names[i]) + 2 + strlen(values[i]) + 1;
+		char *line = fsti_malloc(len);
+		if (!line)
+			goto fail;
+		snprintf(line, len, "%s: %s", names[i], values[i]);
+		next = cu->curl_slist_append(l, line); /* copies it */
+		fsti_free(line);
+		if (!next)
+			goto fail;
+		l = next;
 	}
 	/* no "Expect: 100-continue", no compression: the bytes as stored */
-	ADD("Accept-Encoding: identity");
-#undef ADD
-	return l;
+	if (!(next = cu->curl_slist_append(l, "Accept-Encoding: identity")))
+		goto fail;
+	*oom = false;
+	return next;
 fail:
 	cu->curl_slist_free_all(l);
 	return NULL;
@@ -415,7 +442,9 @@ static int status_error(const struct target *t, const struct request *q, enum ve
 	xml_text(q->body, "Message", msg, sizeof msg);
 	if (code[0])
 		snprintf(detail, sizeof detail, " (%s%s%s)", code, msg[0] ? ": " : "", msg);
-	if (strcmp(t->name, t->url))
+	/* the endpoint an s3:// name was asked at (an http(s) name is its own
+	 * URL, shown without its secrets) */
+	if (fsti_url_kind(t->name) == FSTI_URL_S3)
 		snprintf(via, sizeof via, " from %s", t->url);
 	long s = q->status;
 	*v = s == 408 || s == 429 || s >= 500 ? RETRY : FAIL;
@@ -459,7 +488,7 @@ static int changed(const char *at, fst_error *err, const char *what, const char 
 /* The response's identity against o's; *learn: o's is taken from it (and
  * *learn cleared). at names the object and range in messages. */
 static int check_identity(const char *at, struct fsti_object *o, bool *learn,
-			  const struct request *q, fst_error *err)
+			  struct request *q, fst_error *err)
 {
 	if (!q->has_total)
 		return fsti_err(err, FST_EUNSUPPORTED,
@@ -469,7 +498,8 @@ static int check_identity(const char *at, struct fsti_object *o, bool *learn,
 	if (*learn) {
 		*learn = false;
 		o->size = q->range_total;
-		snprintf(o->etag, sizeof o->etag, "%s", q->etag);
+		o->etag = q->etag; /* taken: the request is done with it */
+		q->etag = NULL;
 		snprintf(o->last_modified, sizeof o->last_modified, "%s", q->last_modified);
 		return 0;
 	}
@@ -479,18 +509,27 @@ static int check_identity(const char *at, struct fsti_object *o, bool *learn,
 		snprintf(now, sizeof now, "%" PRIu64, q->range_total);
 		return changed(at, err, "size", was, now);
 	}
-	if (o->etag[0] && strcmp(o->etag, q->etag))
-		return changed(at, err, "ETag", o->etag, q->etag[0] ? q->etag : "none");
+	if (o->etag && (!q->etag || strcmp(o->etag, q->etag)))
+		return changed(at, err, "ETag", o->etag, q->etag ? q->etag : "none");
 	if (o->last_modified[0] && strcmp(o->last_modified, q->last_modified))
 		return changed(at, err, "Last-Modified", o->last_modified,
 			       q->last_modified[0] ? q->last_modified : "none");
 	return 0;
 }
 
+static enum verdict shorter(const char *at, const struct fsti_object *o, int *rc, fst_error *err)
+{
+	*rc = fsti_err(err, FST_ECHANGED,
+		       "%s: object changed during the load (HTTP 416: it is shorter than the "
+		       "%" PRIu64 " bytes it had)",
+		       at, o->size);
+	return FAIL;
+}
+
 /* What the attempt q (libcurl's code) came to: DONE (q->got bytes kept),
  * RETRY or FAIL, with err set for the last two. */
 static enum verdict judge(struct fsti_conn *c, const struct target *t, struct fsti_object *o,
-			  bool *learnp, const struct request *q, int code, int *rc, fst_error *err)
+			  bool *learnp, struct request *q, int code, int *rc, fst_error *err)
 {
 	char at[600];
 	where(at, sizeof at, t, q);
@@ -507,6 +546,20 @@ static enum verdict judge(struct fsti_conn *c, const struct target *t, struct fs
 			       at);
 		return FAIL;
 	}
+	if (q->out_of_memory) {
+		*rc = fsti_err(err, FST_ENOMEM, "%s: out of memory for the response's headers", at);
+		return FAIL;
+	}
+	if (q->ranged && q->status == 206 && !q->has_range) {
+		*rc = fsti_err(err, FST_EIO,
+			       "%s: the server answered HTTP 206 without a Content-Range naming "
+			       "its bytes: not the bytes asked for",
+			       at);
+		return FAIL;
+	}
+	/* past the end it had: shorter now, whether or not its size is said */
+	if (q->ranged && q->status == 416 && !learn && !q->has_total)
+		return shorter(at, o, rc, err);
 	if (q->ranged && (q->status == 206 || q->status == 416)) {
 		*rc = check_identity(at, o, learnp, q, err);
 		if (*rc)
@@ -514,13 +567,6 @@ static enum verdict judge(struct fsti_conn *c, const struct target *t, struct fs
 	}
 	if (!q->ranged && q->too_long) {
 		*rc = fsti_err(err, FST_EIO, "%s: response longer than %zu bytes", at, q->max);
-		return FAIL;
-	}
-	if (q->bad_start && !q->has_range) {
-		*rc = fsti_err(err, FST_EIO,
-			       "%s: the server answered HTTP 206 without a Content-Range naming "
-			       "its bytes: not the bytes asked for",
-			       at);
 		return FAIL;
 	}
 	if (q->bad_start || q->too_long || q->past_range) {
@@ -538,16 +584,11 @@ static enum verdict judge(struct fsti_conn *c, const struct target *t, struct fs
 		*rc = fsti_err(err, FST_ECHANGED,
 			       "%s: object changed during the load (HTTP 412 Precondition Failed: "
 			       "its ETag is no longer %s); its bytes cannot be trusted",
-			       at, o->etag);
+			       at, o->etag ? o->etag : "what it was");
 		return FAIL;
 	}
-	if (q->status == 416 && !learn) {
-		*rc = fsti_err(err, FST_ECHANGED,
-			       "%s: object changed during the load (HTTP 416: it is shorter than the "
-			       "%" PRIu64 " bytes it had)",
-			       at, o->size);
-		return FAIL;
-	}
+	if (q->status == 416 && !learn)
+		return shorter(at, o, rc, err);
 	if (code == FSTI_CURLE_TOO_MANY_REDIRECTS) {
 		*rc = fsti_err(err, FST_EIO, "%s: more than %ld redirects (a redirect loop?)", at,
 			       MAX_REDIRS);
@@ -570,7 +611,11 @@ static enum verdict judge(struct fsti_conn *c, const struct target *t, struct fs
 		if (q->status < 400 && err)
 			snprintf(err->message + strlen(err->message),
 				 sizeof err->message - strlen(err->message),
-				 " (expected %s)", q->ranged ? "206 Partial Content" : "200 OK");
+				 " (expected %s%s)", q->ranged ? "206 Partial Content" : "200 OK",
+				 q->status >= 300 && o->sign
+					 ? "; a signed request does not follow redirects: give "
+					   "the bucket's region or endpoint"
+					 : "");
 		return v;
 	}
 	if (q->ranged && q->status == 206 && q->got != q->range_last - q->range_first + 1) {
@@ -636,7 +681,7 @@ static int get_range(struct fsti_conn *c, struct fsti_object *o, bool learn, uin
 	const struct target t = {o->name, o->url, off, len};
 	struct retry tries = {o->remote, 0, 0};
 	/* a weak ETag cannot be matched byte for byte: compared only */
-	const char *if_match = o->etag[0] && strncmp(o->etag, "W/", 2) ? o->etag : NULL;
+	const char *if_match = o->etag && strncmp(o->etag, "W/", 2) ? o->etag : NULL;
 	uint64_t done = 0;
 	while (done < len) {
 		struct request q = {.url = o->url, .ranged = true, .off = off + done,
@@ -647,6 +692,7 @@ static int get_range(struct fsti_conn *c, struct fsti_object *o, bool learn, uin
 		int rc;
 		bool was_learning = learn;
 		enum verdict v = judge(c, &t, o, &learn, &q, code, &rc, err);
+		fsti_free(q.etag); /* o has it, where it was learnt */
 		if (v == FAIL) {
 			note_spent(&tries, err);
 			return rc;
@@ -656,7 +702,7 @@ static int get_range(struct fsti_conn *c, struct fsti_object *o, bool learn, uin
 		if (q.got)
 			tries.failures = 0;
 		if (was_learning && !learn) {
-			if_match = o->etag[0] && strncmp(o->etag, "W/", 2) ? o->etag : NULL;
+			if_match = o->etag && strncmp(o->etag, "W/", 2) ? o->etag : NULL;
 			if (off >= o->size)
 				break;
 			len = FSTI_MIN(len, o->size - off);
@@ -720,7 +766,7 @@ int fsti_object_open(struct fsti_conn *c, struct fsti_remote *r, const char *nam
 	*head = NULL;
 	struct fsti_object *o = fsti_calloc(1, sizeof *o);
 	char *buf = fsti_malloc(want ? want : 1);
-	if (!o || !buf || !(o->name = fsti_strdup(name))) {
+	if (!o || !buf || !(o->name = fsti_url_display(name))) {
 		fsti_free(buf);
 		fsti_object_free(o);
 		return fsti_err(err, FST_ENOMEM, "%s: out of memory", name);
@@ -734,9 +780,11 @@ int fsti_object_open(struct fsti_conn *c, struct fsti_remote *r, const char *nam
 		fsti_object_free(o);
 		return rc;
 	}
-	fsti_log(FST_LOG_DEBUG, "%s: %" PRIu64 " bytes, ETag %s, Last-Modified %s, at %s (%s)", name,
-		 o->size, o->etag[0] ? o->etag : "none",
-		 o->last_modified[0] ? o->last_modified : "none", o->url, o->sign ? r->why : "unsigned");
+	bool s3 = fsti_url_kind(name) == FSTI_URL_S3; /* asked at an endpoint's URL */
+	fsti_log(FST_LOG_DEBUG, "%s: %" PRIu64 " bytes, ETag %s, Last-Modified %s%s%s (%s)", o->name,
+		 o->size, o->etag ? o->etag : "none",
+		 o->last_modified[0] ? o->last_modified : "none", s3 ? ", at " : "", s3 ? o->url : "",
+		 o->sign ? r->why : "unsigned");
 	*head = buf;
 	*out = o;
 	return 0;
@@ -747,7 +795,8 @@ int fsti_http_get_all(struct fsti_conn *c, struct fsti_remote *r, bool sign, con
 {
 	const struct target t = {name, url, 0, 0};
 	struct retry tries = {r, 0, 0};
-	struct fsti_object none = {.name = (char *)name, .url = (char *)url, .remote = r};
+	struct fsti_object none = {.name = (char *)name, .url = (char *)url, .sign = sign,
+				   .remote = r};
 	*body = NULL;
 	for (;;) {
 		char *buf = NULL;
@@ -758,6 +807,7 @@ int fsti_http_get_all(struct fsti_conn *c, struct fsti_remote *r, bool sign, con
 		int rc;
 		bool learn = true;
 		enum verdict v = judge(c, &t, &none, &learn, &q, code, &rc, err);
+		fsti_free(q.etag);
 		if (v == DONE) {
 			*body = buf ? buf : fsti_strdup("");
 			*len = (size_t)q.got;

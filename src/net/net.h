@@ -29,8 +29,19 @@ int fsti_s3_split(const char *url, char **bucket, char **key, fst_error *err);
 /* s percent-encoded as S3's signatures want: all but A-Z a-z 0-9 - _ . ~,
  * and '/' where keep_slash (NULL when out of memory). */
 char *fsti_url_encode(const char *s, bool keep_slash);
-/* Whether the URL names a folder: it ends with '/', or is s3://BUCKET. */
+/* Where an http(s) URL's path ends: at its query or fragment, which are
+ * not the path's (an S3 key may hold '?' and '#': the whole length). */
+size_t fsti_url_path_len(const char *url);
+/* Whether the URL names a folder: its path ends with '/', or it is
+ * s3://BUCKET. */
 bool fsti_url_is_folder(const char *url);
+/* url as messages and logs show it: the password of its user info and its
+ * query (a presigned URL's signature) as "***"; NULL when out of memory. */
+char *fsti_url_display(const char *url);
+/* The same secrets of url hidden where they stand as in a URL (":PASSWORD@",
+ * "?QUERY") in text (size bytes, NUL-ended): for messages that named url,
+ * or a URL made from it. */
+void fsti_url_hide(char *text, size_t size, const char *url);
 /* The URL of name in the folder of url (url's last segment replaced, or
  * appended after a folder's '/'). NULL when out of memory. */
 char *fsti_url_beside(const char *url, const char *name);
@@ -88,7 +99,7 @@ struct fsti_object {
 	char *url;  /* the http(s) URL requested */
 	bool sign;
 	uint64_t size;
-	char etag[192];         /* "" when the server sends none */
+	char *etag;             /* NULL when the server sends none */
 	char last_modified[64]; /* "" when the server sends none */
 	struct fsti_remote *remote;
 };

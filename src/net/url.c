@@ -76,9 +76,14 @@ char *fsti_url_encode(const char *s, bool keep_slash)
 	return out;
 }
 
+size_t fsti_url_path_len(const char *url)
+{
+	return fsti_url_kind(url) == FSTI_URL_HTTP ? strcspn(url, "?#") : strlen(url);
+}
+
 bool fsti_url_is_folder(const char *url)
 {
-	size_t n = strlen(url);
+	size_t n = fsti_url_path_len(url);
 	if (n && url[n - 1] == '/')
 		return true;
 	return fsti_url_kind(url) == FSTI_URL_S3 && !strchr(url + 5, '/');
@@ -86,15 +91,101 @@ bool fsti_url_is_folder(const char *url)
 
 char *fsti_url_beside(const char *url, const char *name)
 {
-	/* the folder: up to the last '/' after the scheme's "//" (s3://BUCKET
-	 * alone is a folder too) */
+	/* the folder: up to the last '/' of the path after the scheme's "//"
+	 * (s3://BUCKET alone is a folder too). An http(s) index's query is
+	 * its own, a presigned URL's signature of it, and no shard's. */
 	const char *start = strstr(url, "//");
 	start = start ? start + 2 : url;
-	const char *slash = strrchr(start, '/');
-	size_t keep = slash ? (size_t)(slash - url) : strlen(url);
+	size_t end = fsti_url_path_len(url), keep = end;
+	for (const char *p = start; p < url + end; p++)
+		if (*p == '/')
+			keep = (size_t)(p - url);
+	/* a name is a file's, not a URL's: a ' ' would break the URL and a '#'
+	 * or '?' end its path; an S3 key is encoded when it is requested */
+	char *enc = NULL;
+	if (fsti_url_kind(url) == FSTI_URL_HTTP && !(name = enc = fsti_url_encode(name, true)))
+		return NULL;
 	size_t n = keep + 1 + strlen(name) + 1;
 	char *out = fsti_malloc(n);
 	if (out)
 		snprintf(out, n, "%.*s/%s", (int)keep, url, name);
+	fsti_free(enc);
 	return out;
+}
+
+/*
+ * The parts of an http(s) URL that are secrets: the password of its user
+ * info and its query (a presigned URL's signature and credential). Each
+ * as [at, at + len) of url; len 0 where there is none. An S3 URL has
+ * neither (its key may hold '?', '@' and ':').
+ */
+static void secrets(const char *url, size_t at[2], size_t len[2])
+{
+	at[0] = at[1] = len[0] = len[1] = 0;
+	if (fsti_url_kind(url) != FSTI_URL_HTTP)
+		return;
+	const char *host = strstr(url, "://") + 3;
+	size_t authority = strcspn(host, "/?#");
+	const char *userinfo_end = NULL;
+	for (const char *p = host; p < host + authority; p++)
+		if (*p == '@')
+			userinfo_end = p;
+	const char *colon = userinfo_end ? memchr(host, ':', (size_t)(userinfo_end - host)) : NULL;
+	if (colon) {
+		at[0] = (size_t)(colon + 1 - url);
+		len[0] = (size_t)(userinfo_end - colon - 1);
+	}
+	size_t path = fsti_url_path_len(url);
+	if (url[path] == '?') {
+		at[1] = path + 1;
+		len[1] = strcspn(url + path + 1, "#");
+	}
+}
+
+char *fsti_url_display(const char *url)
+{
+	size_t at[2], len[2];
+	secrets(url, at, len);
+	size_t n = strlen(url) + 7, o = 0, from = 0;
+	char *out = fsti_malloc(n);
+	if (!out)
+		return NULL;
+	for (int i = 0; i < 2; i++) {
+		if (!len[i])
+			continue;
+		o += (size_t)snprintf(out + o, n - o, "%.*s***", (int)(at[i] - from), url + from);
+		from = at[i] + len[i];
+	}
+	snprintf(out + o, n - o, "%s", url + from);
+	return out;
+}
+
+void fsti_url_hide(char *text, size_t size, const char *url)
+{
+	size_t at[2], len[2];
+	secrets(url, at, len);
+	for (int i = 0; i < 2; i++) {
+		if (!len[i])
+			continue;
+		const char *secret = url + at[i];
+		char *p = text;
+		while (*p) {
+			/* where the URL has it: ":PASSWORD@", "?QUERY" (a short
+			 * one would match inside other words) */
+			if (p == text || p[-1] != (i ? '?' : ':') || strncmp(p, secret, len[i]) ||
+			    (!i && p[len[i]] != '@')) {
+				p++;
+				continue;
+			}
+			/* "***" in its place, the rest after it, within size */
+			size_t room = size - 1 - (size_t)(p - text);
+			size_t rest = strlen(p + len[i]);
+			size_t star = FSTI_MIN((size_t)3, room);
+			size_t keep = FSTI_MIN(rest, room - star);
+			memmove(p + star, p + len[i], keep);
+			memcpy(p, "***", star);
+			p[star + keep] = '\0';
+			p += star;
+		}
+	}
 }

@@ -23,6 +23,11 @@ Modes (counters are per file and mode, reset by GET /reset):
   norange     Range ignored: 200 with the whole file
   loop        a redirect to itself, forever
   redirect    one redirect to /ok/...
+  elsewhere   one redirect to /ok/... on another host name (localhost for
+              127.0.0.1): a client must not take a signed request's
+              headers there
+  longetag    as ok, with a 300-character ETag (If-Match compared whole)
+  nocr        data requests: HTTP 206 without a Content-Range
   stall       the headers of data requests, then nothing (until the client leaves)
   slow        data requests answered at about 2 MiB/s
   overlong    data requests: a Content-Range naming the first half of the
@@ -107,7 +112,8 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 COUNTS.clear()
             return self.plain(200, b"ok")
-        parts = self.path.lstrip("/").split("/", 1)
+        # a query (a presigned URL's) names no file
+        parts = self.path.partition("?")[0].lstrip("/").split("/", 1)
         if len(parts) != 2:
             return self.plain(404, s3_error("NoSuchKey", "no mode"))
         mode, name = parts
@@ -127,11 +133,16 @@ class Handler(BaseHTTPRequestHandler):
             return self.plain(302, headers=[("Location", self.path)])
         if mode == "redirect":
             return self.plain(302, headers=[("Location", "/ok/" + name)])
+        if mode == "elsewhere":
+            port = self.server.server_address[1]
+            return self.plain(302, headers=[("Location", f"http://localhost:{port}/ok/{name}")])
         st = os.stat(path)
         size = st.st_size
         etag = '"%x-%x"' % (int(st.st_mtime), size)
         if mode.startswith("changed") and n > 1:
             etag = '"%x-%x-new"' % (int(st.st_mtime), size)
+        if mode == "longetag":
+            etag = '"%s"' % ("%x-%x" % (int(st.st_mtime), size)).ljust(298, "e")
         modified = email.utils.formatdate(st.st_mtime, usegmt=True)
         ident = [("ETag", etag), ("Last-Modified", modified), ("Accept-Ranges", "bytes")]
         want = self.headers.get("If-Match")
@@ -146,7 +157,7 @@ class Handler(BaseHTTPRequestHandler):
             b = min(int(b) if b else size - 1, size - 1)
             if a >= size:
                 return self.plain(416, headers=[("Content-Range", f"bytes */{size}")] + ident)
-            if mode == "ok":
+            if mode in ("ok", "longetag"):
                 return self.send_range(f, a, b, size, ident)
             if mode == "capped":
                 b = min(b, a + (1 << 20) - 1)
@@ -160,7 +171,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(206)
         for k, v in ident:
             self.send_header(k, v)
-        self.send_header("Content-Range", f"bytes {a}-{said}/{size}")
+        if not (mode == "nocr" and data_request):
+            self.send_header("Content-Range", f"bytes {a}-{said}/{size}")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if mode == "stall" and data_request:

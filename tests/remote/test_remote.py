@@ -224,6 +224,59 @@ def test_signatures_match_botocore(fault, root, fst_env):
     assert data and all(x["headers"].get("If-Match", "").startswith('"') for x in data)
 
 
+def test_signed_requests_stay_where_they_were_sent(fault, fst_env):
+    """A signed request is not followed to a redirect's other host: libcurl
+    would drop the Authorization header there, not the session token. A
+    session token longer than any buffer goes whole."""
+    base, log = fault
+    token = "T" * 5000
+    env = fst_env(AWS_ACCESS_KEY_ID=FAKE_KEY, AWS_SECRET_ACCESS_KEY=FAKE_SECRET,
+                  AWS_SESSION_TOKEN=token, AWS_REGION="eu-west-1", AWS_ENDPOINT_URL=base)
+    start = len(log.read_text().splitlines()) if log.exists() else 0
+    r = run_fst("inspect", "s3://elsewhere/one/model.safetensors", env=env)
+    assert r.returncode == 4, r.stderr
+    assert "HTTP 302" in r.stderr and "does not follow redirects" in r.stderr, r.stderr
+    r = run_fst("verify", "s3://signed/one/model.safetensors", env=env)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in log.read_text().splitlines()[start:]]
+    assert [x["path"] for x in lines if x["path"].startswith("/elsewhere/")]
+    assert not [x for x in lines if x["path"].startswith("/ok/")], lines
+    signed = [x for x in lines if x["path"].startswith("/signed/")]
+    assert signed and all(x["headers"]["x-amz-security-token"] == token for x in signed)
+
+
+def test_url_secrets_are_not_shown(fault, root, fst_env):
+    """A password in the URL and a query (a presigned URL's signature) never
+    show in messages, logs or the names fst reports; an index's query is
+    its own, not its shards'."""
+    base, log = fault
+    host = base.partition("://")[2]
+    env = fst_env(FST_LOG="debug")
+    start = len(log.read_text().splitlines()) if log.exists() else 0
+    url = f"http://alice:hunter2@{host}/ok/ck/model.safetensors.index.json?X-Amz-Signature=s3cr3t/x"
+    r = run_fst("verify", url, env=env)
+    assert r.returncode == 0, r.stderr
+    r2 = run_fst("inspect", "--json", url, env=env)
+    assert r2.returncode == 0, r2.stderr
+    bad = f"http://alice:hunter2@{host}/missing/one/model.safetensors?sig=s3cr3t"
+    r3 = run_fst("load", bad, env=env)
+    assert r3.returncode == 4 and "HTTP 404" in r3.stderr, r3.stderr
+    for out in (r.stdout, r.stderr, r2.stdout, r2.stderr, r3.stdout, r3.stderr):
+        assert "hunter2" not in out and "s3cr3t" not in out, out
+    assert f"http://alice:***@{host}/missing/one/model.safetensors?***" in r3.stderr, r3.stderr
+    shown = json.loads(r2.stdout)
+    assert all(f"alice:***@{host}/ok/ck/" in f["path"] for f in shown), shown
+    lines = [json.loads(x) for x in log.read_text().splitlines()[start:]]
+    shards = [x["path"] for x in lines if x["path"].startswith("/ok/ck/model-")]
+    assert shards and not [p for p in shards if "?" in p], shards
+    assert [x for x in lines if x["path"].endswith("?X-Amz-Signature=s3cr3t/x")]
+    import fst
+    with pytest.raises(FileNotFoundError) as e:
+        fst.load(bad, framework="numpy")
+    assert "hunter2" not in repr(e.value) and "s3cr3t" not in repr(e.value), repr(e.value)
+    assert "hunter2" not in str(e.value) and "s3cr3t" not in str(e.value)
+
+
 # ------------------------------------------------------------ failure modes
 
 FAILURES = [
@@ -232,6 +285,8 @@ FAILURES = [
     ("reset", 0, None),
     ("capped", 0, None),
     ("redirect", 0, None),
+    ("elsewhere", 0, None),
+    ("longetag", 0, None),
     ("always500", 4, "HTTP 503 Service Unavailable (SlowDown"),
     ("short", 4, "libcurl error 18"),
     ("changed", 8, "object changed during the load (HTTP 412"),
@@ -240,6 +295,7 @@ FAILURES = [
     ("missing", 4, "HTTP 404 Not Found (NoSuchKey"),
     ("norange", 7, "the server ignored the Range request"),
     ("loop", 4, "more than 5 redirects"),
+    ("nocr", 4, "HTTP 206 without a Content-Range"),
 ]
 
 

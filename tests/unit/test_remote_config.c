@@ -1,10 +1,13 @@
 /* Description: net/'s pure parts, no server: URLs (kinds, S3 bucket and key,
- * encoding, names beside an index), the INI reader of ~/.aws files, the
- * configuration an open resolves (options over the AWS variables over the
- * files; a key without its secret, an unknown profile and a bad endpoint
+ * encoding, names beside an index: encoded for http(s), the index's query
+ * dropped), the INI reader of ~/.aws files (lines of any length, the forms
+ * botocore takes: keys in any case, ':', [profile  NAME], [profile default]),
+ * the configuration an open resolves (options over the AWS variables over
+ * the files; a key without its secret, an unknown profile and a bad endpoint
  * refused; unsigned without credentials or when asked), the request URLs
- * (path-style with an endpoint, virtual-hosted on AWS), and ListObjectsV2
- * pages (entities, subfolders, truncation, what is no listing). */
+ * (path-style with an endpoint, virtual-hosted on AWS, path-style for a
+ * bucket name no host name can carry), and ListObjectsV2 pages (entities,
+ * subfolders, truncation, what is no listing). */
 #include "helpers.h"
 #include "net.h"
 
@@ -19,6 +22,14 @@ static const char *const aws_vars[] = {
 	"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_NO_SIGN_REQUEST", "AWS_CA_BUNDLE",
 	"CURL_CA_BUNDLE", "SSL_CERT_FILE",
 };
+
+/* got is want (a NULL got fails cleanly, where strcmp would crash). */
+static void assert_str(const char *got, const char *want)
+{
+	if (!got)
+		fail_msg("NULL, not \"%s\"", want);
+	assert_string_equal(got, want);
+}
 
 /* No AWS variable, and HOME where no ~/.aws is. */
 static int clean_env(void **state)
@@ -45,6 +56,10 @@ static void test_url_kinds(void **state)
 	assert_false(fsti_url_is_folder("s3://bucket/model.safetensors"));
 	assert_true(fsti_url_is_folder("https://h/ckpt/"));
 	assert_false(fsti_url_is_folder("https://h/ckpt"));
+	/* an http(s) path ends at its query; an S3 key does not */
+	assert_true(fsti_url_is_folder("https://h/ckpt/?X-Amz-Signature=ab"));
+	assert_false(fsti_url_is_folder("https://h/ckpt?prefix=m/"));
+	assert_true(fsti_url_is_folder("s3://b/p?x/"));
 }
 
 static void test_s3_split(void **state)
@@ -87,12 +102,61 @@ static void test_encode_and_beside(void **state)
 		{"s3://b/p/index.json", "sub/a.safetensors", "s3://b/p/sub/a.safetensors"},
 		{"s3://b", "a.safetensors", "s3://b/a.safetensors"},
 		{"http://h:8080", "x", "http://h:8080/x"},
+		/* an http(s) shard's name is encoded, '/' kept */
+		{"https://h/c/i.json", "sp ace.safetensors", "https://h/c/sp%20ace.safetensors"},
+		{"https://h/c/i.json", "hash#1.safetensors", "https://h/c/hash%231.safetensors"},
+		{"https://h/c/i.json", "sub/a?b.safetensors", "https://h/c/sub/a%3Fb.safetensors"},
+		/* the index's query (a presigned URL's) is not the shards' */
+		{"https://h/c/model.safetensors.index.json?X-Amz-Credential=AK%2F1/s3&sig=x",
+		 "a.safetensors", "https://h/c/a.safetensors"},
+		{"https://h/c/i.json?sig=x", "a.safetensors", "https://h/c/a.safetensors"},
+		{"http://h:8080?x=1/2", "a", "http://h:8080/a"},
+		{"https://h/c/i.json#part/2", "a", "https://h/c/a"},
+		/* an S3 key stays raw (encoded when requested), '?' and '#' in it */
+		{"s3://b/p/index.json", "sp ace#1.safetensors", "s3://b/p/sp ace#1.safetensors"},
+		{"s3://b/p?x/index.json", "a", "s3://b/p?x/a"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		char *got = fsti_url_beside(cases[i].url, cases[i].name);
 		assert_string_equal(got, cases[i].want);
 		fsti_free(got);
 	}
+}
+
+/* The secrets of an http(s) URL (its password, its query) hidden from what
+ * fst shows; S3 URLs and paths shown whole. */
+static void test_url_display_and_hide(void **state)
+{
+	(void)state;
+	static const char *const cases[][2] = {
+		{"http://u:pw@h/x.safetensors", "http://u:***@h/x.safetensors"},
+		{"https://u:p@h:8443/a?X-Amz-Signature=s/x#f", "https://u:***@h:8443/a?***#f"},
+		{"http://u@h/x", "http://u@h/x"},
+		{"http://u:@h/x", "http://u:@h/x"},
+		{"http://[::1]:8080/x", "http://[::1]:8080/x"},
+		{"http://h/x?a", "http://h/x?***"},
+		{"http://u:p@h", "http://u:***@h"},
+		{"http://h/a@b:c/x", "http://h/a@b:c/x"}, /* '@' in the path: no user info */
+		{"s3://b/k?v:w@x", "s3://b/k?v:w@x"},
+		{"/local/path?x", "/local/path?x"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char *d = fsti_url_display(cases[i][0]);
+		assert_non_null(d);
+		assert_string_equal(d, cases[i][1]);
+		fsti_free(d);
+	}
+	/* every occurrence, a shard's URL made from it too; a 1-character
+	 * password grows to "***" within the buffer's size */
+	char text[64] = "http://u:p@h/a.json?q=1: shard http://u:p@h/b: q=1 bad";
+	fsti_url_hide(text, sizeof text, "http://u:p@h/a.json?q=1");
+	assert_string_equal(text, "http://u:***@h/a.json?***: shard http://u:***@h/b: q=1 bad");
+	char small[16] = "x u:p@h y";
+	fsti_url_hide(small, 12, "http://u:p@h");
+	assert_string_equal(small, "x u:***@h y");
+	char tight[8] = "ab:p@cd";
+	fsti_url_hide(tight, sizeof tight, "http://x:p@c");
+	assert_string_equal(tight, "ab:***@");
 }
 
 static void test_ini(void **state)
@@ -121,6 +185,108 @@ static void test_ini(void **state)
 	assert_false(found);
 	/* a directory cannot be read as a file */
 	assert_int_not_equal(fsti_ini_read(test_tmpdir(), "default", keys, v, 3, &found, &err), 0);
+}
+
+/* A session token longer than any line buffer: STS does not bound it. */
+static void test_ini_long_line(void **state)
+{
+	(void)state;
+	enum { LEN = 5000 };
+	char *token = malloc(LEN + 1), *text = malloc(LEN + 200);
+	assert_non_null(token);
+	assert_non_null(text);
+	for (int i = 0; i < LEN; i++)
+		token[i] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ/+="[i % 29];
+	token[LEN] = '\0';
+	snprintf(text, LEN + 200, "[default]\naws_session_token = %s\naws_access_key_id = AKID\n",
+		 token);
+	const char *p = test_path("long-credentials");
+	write_text(p, text);
+	const char *keys[] = {"aws_session_token", "aws_access_key_id"};
+	char *v[2];
+	bool found;
+	fst_error err;
+	assert_int_equal(fsti_ini_read(p, "default", keys, v, 2, &found, &err), 0);
+	assert_true(found);
+	assert_non_null(v[0]);
+	assert_int_equal(strlen(v[0]), LEN);
+	assert_str(v[0], token);
+	assert_str(v[1], "AKID");
+	for (int i = 0; i < 2; i++)
+		fsti_free(v[i]);
+	free(token);
+	free(text);
+}
+
+/* What botocore's configparser takes: keys in any case, ':' as well as
+ * '=' (the first of them splits), no section without its ']'. */
+static void test_ini_forms(void **state)
+{
+	(void)state;
+	const char *p = test_path("forms");
+	write_text(p, "[default]\nAWS_Access_Key_ID = AKIDUP\naws_secret_access_key: s:e=c\n"
+		      "endpoint_url = http://h:9000\nRegion=eu-west-1\n");
+	const char *keys[] = {"aws_access_key_id", "aws_secret_access_key", "endpoint_url",
+			      "region"};
+	char *v[4];
+	bool found;
+	fst_error err;
+	assert_int_equal(fsti_ini_read(p, "default", keys, v, 4, &found, &err), 0);
+	assert_true(found);
+	assert_str(v[0], "AKIDUP");
+	assert_str(v[1], "s:e=c");
+	assert_str(v[2], "http://h:9000");
+	assert_str(v[3], "eu-west-1");
+	for (int i = 0; i < 4; i++)
+		fsti_free(v[i]);
+	/* an unclosed header is none, and ends the section before it */
+	write_text(p, "[dev]\nregion = us-west-2\n[default\nregion = nowhere\n");
+	assert_int_equal(fsti_ini_read(p, "default", keys, v, 4, &found, &err), 0);
+	assert_false(found);
+	assert_null(v[3]);
+	assert_int_equal(fsti_ini_read(p, "dev", keys, v, 4, &found, &err), 0);
+	assert_str(v[3], "us-west-2");
+	fsti_free(v[3]);
+}
+
+/* The config file's profile headers as botocore reads them: [profile NAME]
+ * with any blanks between, the default one also [profile default]; of two
+ * sections for one profile the last alone counts. */
+static void test_ini_profiles(void **state)
+{
+	(void)state;
+	const char *p = test_path("profiles");
+	const char *keys[] = {"region", "output"};
+	char *v[2];
+	bool found;
+	fst_error err;
+	struct {
+		const char *text, *section, *region;
+	} cases[] = {
+		{"[profile \t  dev]\nregion = a\n", "profile dev", "a"},
+		{"[profiledev]\nregion = a\n", "profile dev", NULL},
+		{"[profile default]\nregion = a\n", "profile default", "a"},
+		{"[default]\nregion = a\n", "profile default", "a"},
+		/* the credentials file's [NAME]: no "profile " there */
+		{"[profile default]\nregion = a\n", "default", NULL},
+		{"[default]\nregion = a\n", "profile dev", NULL},
+		{"[default]\nregion = a\noutput = json\n[profile default]\nregion = b\n",
+		 "profile default", "b"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		write_text(p, cases[i].text);
+		assert_int_equal(fsti_ini_read(p, cases[i].section, keys, v, 2, &found, &err), 0);
+		if (found != !!cases[i].region)
+			fail_msg("case %zu: [%s] %sfound", i, cases[i].section,
+				 found ? "" : "not ");
+		if (!cases[i].region) {
+			assert_null(v[0]);
+			continue;
+		}
+		assert_str(v[0], cases[i].region);
+		assert_null(v[1]); /* the last case's output is its first section's */
+		fsti_free(v[0]);
+	}
 }
 
 static struct fsti_remote *resolve(const fst_open_opts *o, int want_rc, fst_error *err)
@@ -297,6 +463,33 @@ static void test_config_files(void **state)
 	clean_env(state);
 }
 
+/* The forms botocore takes in the files, through a whole resolve. */
+static void test_config_file_forms(void **state)
+{
+	clean_env(state);
+	char cred[700], conf[700];
+	snprintf(cred, sizeof cred, "%s", test_path("forms-credentials"));
+	snprintf(conf, sizeof conf, "%s", test_path("forms-config"));
+	setenv("AWS_SHARED_CREDENTIALS_FILE", cred, 1);
+	setenv("AWS_CONFIG_FILE", conf, 1);
+	write_text(cred, "[default]\nAWS_ACCESS_KEY_ID: AKIDUPPER\nAWS_SECRET_ACCESS_KEY = s1\n");
+	write_text(conf, "[profile default]\nregion = eu-central-1\n[profile\t  dev]\n"
+			 "region = us-west-1\naws_access_key_id = AKIDDEV\n"
+			 "aws_secret_access_key = s2\n");
+	fst_error err;
+	struct fsti_remote *r = resolve(NULL, 0, &err);
+	assert_str(r->key_id, "AKIDUPPER");
+	assert_str(r->secret, "s1");
+	assert_str(r->region, "eu-central-1");
+	fsti_remote_unref(r);
+	setenv("AWS_PROFILE", "dev", 1);
+	r = resolve(NULL, 0, &err);
+	assert_str(r->key_id, "AKIDDEV");
+	assert_str(r->region, "us-west-1");
+	fsti_remote_unref(r);
+	clean_env(state);
+}
+
 static void test_request_urls(void **state)
 {
 	clean_env(state);
@@ -307,6 +500,19 @@ static void test_request_urls(void **state)
 	fsti_free(u);
 	u = fsti_remote_s3_url(r, "dotted.bucket", "k", NULL);
 	assert_string_equal(u, "https://s3.us-east-1.amazonaws.com/dotted.bucket/k");
+	fsti_free(u);
+	/* a name that is no host name's label is reached path-style */
+	const char *bad[] = {"My_Legacy_Bucket", "Upper", "under_score", "-lead", "trail-",
+			     "x..y", "ab"};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char want[200];
+		snprintf(want, sizeof want, "https://s3.us-east-1.amazonaws.com/%s/k", bad[i]);
+		u = fsti_remote_s3_url(r, bad[i], "k", NULL);
+		assert_string_equal(u, want);
+		fsti_free(u);
+	}
+	u = fsti_remote_s3_url(r, "a-b--c9", "k", NULL);
+	assert_string_equal(u, "https://a-b--c9.s3.us-east-1.amazonaws.com/k");
 	fsti_free(u);
 	u = fsti_remote_s3_url(r, "bkt", "", "list-type=2");
 	assert_string_equal(u, "https://bkt.s3.us-east-1.amazonaws.com/?list-type=2");
@@ -321,6 +527,27 @@ static void test_request_urls(void **state)
 	fsti_free(u);
 	u = fsti_remote_s3_url(r, "bkt", "a%20b", NULL);
 	assert_string_equal(u, "http://127.0.0.1:9000/bkt/a%20b");
+	fsti_free(u);
+	fsti_remote_unref(r);
+	/* virtual-hosted asked for: still path-style for such a name, and for
+	 * a '.' under https (one certificate label), as botocore does */
+	o.addressing = FST_S3_VIRTUAL;
+	o.endpoint = "http://h:9000";
+	r = resolve(&o, 0, &err);
+	u = fsti_remote_s3_url(r, "My_Legacy_Bucket", "k", NULL);
+	assert_string_equal(u, "http://h:9000/My_Legacy_Bucket/k");
+	fsti_free(u);
+	u = fsti_remote_s3_url(r, "dotted.bucket", "k", NULL);
+	assert_string_equal(u, "http://dotted.bucket.h:9000/k");
+	fsti_free(u);
+	fsti_remote_unref(r);
+	o.endpoint = "https://h:9443";
+	r = resolve(&o, 0, &err);
+	u = fsti_remote_s3_url(r, "dotted.bucket", "k", NULL);
+	assert_string_equal(u, "https://h:9443/dotted.bucket/k");
+	fsti_free(u);
+	u = fsti_remote_s3_url(r, "bkt", "k", NULL);
+	assert_string_equal(u, "https://bkt.h:9443/k");
 	fsti_free(u);
 	fsti_remote_unref(r);
 }
@@ -396,10 +623,15 @@ int main(void)
 		cmocka_unit_test(test_url_kinds),
 		cmocka_unit_test(test_s3_split),
 		cmocka_unit_test(test_encode_and_beside),
+		cmocka_unit_test(test_url_display_and_hide),
 		cmocka_unit_test(test_ini),
+		cmocka_unit_test(test_ini_long_line),
+		cmocka_unit_test(test_ini_forms),
+		cmocka_unit_test(test_ini_profiles),
 		cmocka_unit_test(test_config_env),
 		cmocka_unit_test(test_config_refused),
 		cmocka_unit_test(test_config_files),
+		cmocka_unit_test(test_config_file_forms),
 		cmocka_unit_test(test_request_urls),
 		cmocka_unit_test(test_listing_pages),
 	};

@@ -378,11 +378,13 @@ static int report_load(json_t *out, const char *path, const char *device, bool a
 	}
 	char hb[32];
 	if (!as_json)
-		printf("%s: %zu files, %zu tensors, %s\n  fst load --device %s: %s\n", path,
+		printf("%s: %zu files, %zu tensors, %s\n  fst load --device %s: %s\n",
+		       fst_checkpoint_path(ck),
 		       fst_checkpoint_file_count(ck), fst_checkpoint_tensor_count(ck),
 		       cli_human_bytes(hb, sizeof hb, fst_checkpoint_total_bytes(ck)), device, why);
 	json_t *lj = *ok ? json_object() : NULL;
-	*ok = cli_json_put(out, "load", lj) && cli_json_put_path(lj, "path", path) &&
+	*ok = cli_json_put(out, "load", lj) &&
+	      cli_json_put_path(lj, "path", fst_checkpoint_path(ck)) &&
 	      cli_json_put(lj, "device", cli_json_text(device)) &&
 	      cli_json_put(lj, "plan", cli_json_text(why));
 	fst_checkpoint_close(ck);

@@ -102,7 +102,7 @@ static int report(const struct load_args *a, const fst_checkpoint *ck, const fst
 	if (!a->as_json) {
 		char hb[32], rss[32];
 		printf("loaded %s onto %s: %zu tensors from %zu file%s, %s in %.3f s (%.2f GB/s)\n",
-		       a->path, device, tensors, fst_checkpoint_file_count(ck),
+		       fst_checkpoint_path(ck), device, tensors, fst_checkpoint_file_count(ck),
 		       fst_checkpoint_file_count(ck) == 1 ? "" : "s",
 		       cli_human_bytes(hb, sizeof hb, bytes), secs, gbps);
 		printf("  path: %s\n", fst_buffer_describe(buf));
@@ -111,7 +111,8 @@ static int report(const struct load_args *a, const fst_checkpoint *ck, const fst
 		return EXIT_OK;
 	}
 	json_t *o = json_object();
-	bool ok = cli_json_put_path(o, "path", a->path) &&
+	/* the checkpoint's name: a URL without its secrets */
+	bool ok = cli_json_put_path(o, "path", fst_checkpoint_path(ck)) &&
 		  cli_json_put(o, "device", cli_json_text(device)) &&
 		  cli_json_put(o, "tensors", json_integer((json_int_t)tensors)) &&
 		  cli_json_put(o, "bytes", json_integer((json_int_t)bytes)) &&

@@ -439,7 +439,8 @@ int cmd_verify(int argc, char **argv)
 		char hb[32];
 		printf("verified %s: %zu tensors, %s byte-identical to the files (load %.3f s, "
 		       "%s)\n",
-		       a.path, c.ntensors, cli_human_bytes(hb, sizeof hb, c.checked), t1 - t0,
+		       fst_checkpoint_path(ck), c.ntensors, cli_human_bytes(hb, sizeof hb, c.checked),
+		       t1 - t0,
 		       fst_buffer_describe(buf));
 	}
 	if (rc == EXIT_OK && a.hash)
