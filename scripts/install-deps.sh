@@ -33,10 +33,11 @@ arm64_download() {
 # libcurl4-openssl-dev: <curl/curl.h> for test_curl_decls, which checks our
 # own declarations of libcurl (libfst opens libcurl at run time and never
 # links it); nginx: the remote tests' HTTP server, run as the test user
-# with a config of their own (its packaged service is not used).
+# with a config of their own (its packaged service is not used); openssl:
+# the certificate of the remote tests' https server.
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
 	libjansson-dev liburing-dev libcmocka-dev libxxhash-dev libssl-dev python3 python3-pip valgrind
-	libcurl4-openssl-dev nginx curl)
+	libcurl4-openssl-dev nginx curl openssl)
 # moto[server]: an S3 server for the remote tests (it brings boto3)
 PY_PACKAGES=(numpy safetensors pytest ml_dtypes xxhash moto[server])
 

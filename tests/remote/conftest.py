@@ -57,6 +57,24 @@ def fault(root, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tls_fault(root, fault, tmp_path_factory):
+    """(https base URL, its certificate) of server.py over TLS, whose mode
+    downgrade redirects to the plain server of `fault`."""
+    openssl = shutil.which("openssl")
+    if not openssl:
+        pytest.skip("openssl is not installed (scripts/install-deps.sh installs it)")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    r = subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                        "-keyout", str(key), "-out", str(cert)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    url, proc = start_fault_server(root, None, tls=(cert, key), downgrade_to=fault[0])
+    yield url, cert
+    stop(proc)
+
+
+@pytest.fixture(scope="session")
 def nginx(root, tmp_path_factory):
     """Base URL of nginx serving root."""
     if not nginx_path():

@@ -4,6 +4,7 @@ files of one folder, and failing on purpose: the first segment of the path
 picks the behaviour, the rest names the file (/ok/model.safetensors).
 
   server.py --dir DIR [--port 0] [--log FILE]   # prints "PORT" on stdout
+            [--tls CERT KEY] [--downgrade-to URL]  # https; URL: mode downgrade's target
 
 Modes (counters are per file and mode, reset by GET /reset):
   ok          ranges, ETag, Last-Modified, If-Match (412), as nginx serves
@@ -28,6 +29,7 @@ Modes (counters are per file and mode, reset by GET /reset):
               headers there
   longetag    as ok, with a 300-character ETag (If-Match compared whole)
   nocr        data requests: HTTP 206 without a Content-Range
+  downgrade   one redirect to --downgrade-to's /ok/... (from https to http)
   stall       the headers of data requests, then nothing (until the client leaves)
   slow        data requests answered at about 2 MiB/s
   overlong    data requests: a Content-Range naming the first half of the
@@ -54,6 +56,7 @@ LOCK = threading.Lock()
 COUNTS = {}
 LOG = None
 ROOT = None
+DOWNGRADE_TO = None
 
 
 def count(key):
@@ -99,6 +102,10 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
         off, n = a, b - a + 1
+        if hasattr(self.connection, "cipher"):  # TLS: sendfile would bypass it
+            f.seek(a)
+            self.wfile.write(f.read(n))
+            return
         while n:
             sent = os.sendfile(self.connection.fileno(), f.fileno(), off, n)
             if not sent:
@@ -133,6 +140,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.plain(302, headers=[("Location", self.path)])
         if mode == "redirect":
             return self.plain(302, headers=[("Location", "/ok/" + name)])
+        if mode == "downgrade":
+            return self.plain(302, headers=[("Location", f"{DOWNGRADE_TO}/ok/{name}")])
         if mode == "elsewhere":
             port = self.server.server_address[1]
             return self.plain(302, headers=[("Location", f"http://localhost:{port}/ok/{name}")])
@@ -211,16 +220,24 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
-    global LOG, ROOT
+    global LOG, ROOT, DOWNGRADE_TO
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--log")
+    ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
+    ap.add_argument("--downgrade-to")
     a = ap.parse_args()
     ROOT = os.path.abspath(a.dir)
     LOG = open(a.log, "a") if a.log else None
+    DOWNGRADE_TO = a.downgrade_to
     srv = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
     srv.daemon_threads = True
+    if a.tls:
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(*a.tls)
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
     print(srv.server_address[1], flush=True)
     try:
         srv.serve_forever()

@@ -91,10 +91,16 @@ http {{
     return url, proc
 
 
-def start_fault_server(root, log=None):
-    """server.py serving root: (base URL, process)."""
+def start_fault_server(root, log=None, tls=None, downgrade_to=None):
+    """server.py serving root: (base URL, process); tls: (cert, key) for
+    https, downgrade_to: where its mode downgrade redirects."""
     args = [sys.executable, str(HERE / "server.py"), "--dir", str(root)]
     if log:
         args += ["--log", str(log)]
+    if tls:
+        args += ["--tls", *map(str, tls)]
+    if downgrade_to:
+        args += ["--downgrade-to", downgrade_to]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
-    return f"http://127.0.0.1:{int(proc.stdout.readline())}", proc
+    scheme = "https" if tls else "http"
+    return f"{scheme}://127.0.0.1:{int(proc.stdout.readline())}", proc

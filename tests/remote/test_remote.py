@@ -245,6 +245,19 @@ def test_signed_requests_stay_where_they_were_sent(fault, fst_env):
     assert signed and all(x["headers"]["x-amz-security-token"] == token for x in signed)
 
 
+def test_https_never_redirects_to_http(tls_fault, fst_env):
+    """Over https, a redirect to plain http (where anyone between could
+    change the bytes) fails; https itself, and redirects within it, work."""
+    base, cert = tls_fault
+    env = fst_env(CURL_CA_BUNDLE=str(cert))
+    for mode in ("ok", "redirect"):
+        r = run_fst("verify", f"{base}/{mode}/one/model.safetensors", env=env)
+        assert r.returncode == 0, r.stderr
+    r = run_fst("load", f"{base}/downgrade/one/model.safetensors", env=env)
+    assert r.returncode == 4 and f"{base}/downgrade/one/" in r.stderr, r.stderr
+    assert "libcurl error 1)" in r.stderr, r.stderr  # CURLE_UNSUPPORTED_PROTOCOL
+
+
 def test_url_secrets_are_not_shown(fault, root, fst_env):
     """A password in the URL and a query (a presigned URL's signature) never
     show in messages, logs or the names fst reports; an index's query is
