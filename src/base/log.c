@@ -63,7 +63,19 @@ void fsti_log(int level, const char *fmt, ...)
 		log_fn(log_ctx, level, line);
 		return;
 	}
-	fprintf(stderr, "fst: %s: %s\n", names[level < 0 ? 0 : level > 3 ? 3 : level], line);
+	/* one line, whatever a tensor's or file's name holds: control
+	 * characters as \xNN (a newline would forge another line, an escape
+	 * sequence drive the terminal) */
+	flockfile(stderr);
+	fprintf(stderr, "fst: %s: ", names[level < 0 ? 0 : level > 3 ? 3 : level]);
+	for (const unsigned char *p = (const unsigned char *)line; *p; p++) {
+		if (*p < 0x20 || *p == 0x7f)
+			fprintf(stderr, "\\x%02x", *p);
+		else
+			putc_unlocked(*p, stderr);
+	}
+	putc_unlocked('\n', stderr);
+	funlockfile(stderr);
 }
 
 double fsti_now(void)

@@ -8,11 +8,14 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 struct entry {
 	uint32_t file;
@@ -129,8 +132,9 @@ static char *join_path(const char *dir, const char *name)
 		return fsti_url_beside(dir, name);
 	size_t n = strlen(dir) + strlen(name) + 2;
 	char *p = fsti_malloc(n);
+	bool slash = *dir && dir[strlen(dir) - 1] == '/'; /* "DIR/" given: no "DIR//x" */
 	if (p)
-		snprintf(p, n, "%s/%s", dir, name);
+		snprintf(p, n, "%s%s%s", dir, slash ? "" : "/", name);
 	return p;
 }
 
@@ -222,15 +226,29 @@ static int cmp_shard_number(const void *pa, const void *pb)
  * names are the shard file names (as in the directory or the index); where
  * names them in messages.
  */
-static int check_shard_sets(const char *where, char *const *names, size_t n, fst_error *err)
+static int check_shard_sets(const char *where, char *const *names, size_t n,
+			    char *const *beside, size_t nbeside, fst_error *err)
 {
-	struct shard_number *s = fsti_calloc(n + 1, sizeof *s);
+	struct shard_number *s = fsti_calloc(n + nbeside + 1, sizeof *s);
 	if (!s)
-		return fsti_err(err, FST_ENOMEM, "out of memory");
+		return fsti_err(err, FST_ENOMEM, "%s: out of memory", where);
 	size_t m = 0;
 	for (size_t i = 0; i < n; i++)
 		if (parse_shard_number(names[i], &s[m]))
 			m++;
+	/* A file beside an index, of a set the index names, completes that set
+	 * though the index maps no tensor to it (a stale or hand-edited index:
+	 * it is reported as not loaded); only an absent one is missing. */
+	size_t in_index = m;
+	for (size_t i = 0; i < nbeside; i++) {
+		if (!parse_shard_number(beside[i], &s[m]))
+			continue;
+		for (size_t k = 0; k < in_index; k++)
+			if (!cmp_shard_set(&s[k], &s[m])) {
+				m++;
+				break;
+			}
+	}
 	qsort(s, m, sizeof *s, cmp_shard_number);
 	int rc = 0;
 	for (size_t g = 0, next; g < m && !rc; g = next) {
@@ -275,6 +293,57 @@ static int check_shard_sets(const char *where, char *const *names, size_t n, fst
 	return rc;
 }
 
+/* What a directory holds: its *.safetensors files, and the index to use
+ * (model.safetensors.index.json wins over other index files), of nindex. */
+struct listing {
+	char **names;
+	size_t n, cap;
+	char *index;
+	size_t nindex;
+};
+
+static void listing_free(struct listing *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		fsti_free(l->names[i]);
+	fsti_free(l->names);
+	fsti_free(l->index);
+}
+
+static int list_add(struct listing *l, const char *name, fst_error *err)
+{
+	if (l->n == l->cap) {
+		l->cap = l->cap ? l->cap * 2 : 16;
+		char **grown = fsti_realloc(l->names, l->cap * sizeof *l->names);
+		if (!grown)
+			return fsti_err(err, FST_ENOMEM, "out of memory");
+		l->names = grown;
+	}
+	if (!(l->names[l->n] = fsti_strdup(name)))
+		return fsti_err(err, FST_ENOMEM, "out of memory");
+	l->n++;
+	return 0;
+}
+
+/* One entry of a directory into l; names starting with '.' are skipped. */
+static int list_entry(struct listing *l, const char *name, fst_error *err)
+{
+	if (name[0] == '.')
+		return 0;
+	if (ends_with(name, ".safetensors.index.json")) {
+		l->nindex++;
+		if (!l->index || !strcmp(name, "model.safetensors.index.json")) {
+			fsti_free(l->index);
+			l->index = fsti_strdup(name);
+			if (!l->index)
+				return fsti_err(err, FST_ENOMEM, "out of memory");
+		}
+	} else if (ends_with(name, ".safetensors")) {
+		return list_add(l, name, err);
+	}
+	return 0;
+}
+
 /* Shards beside an index that the index does not name are not loaded: say
  * so, since a stale or hand-edited index would otherwise drop them unseen. */
 static void count_unlisted(const char *name, char *const *listed, size_t nlisted, size_t *extra,
@@ -287,24 +356,14 @@ static void count_unlisted(const char *name, char *const *listed, size_t nlisted
 		snprintf(first, size, "%s", name);
 }
 
-/* (A remote index opened by its own URL has no folder listing to check.) */
-static void report_unlisted_shards(const fst_checkpoint *c, const char *index_path,
-				   const char *dir, char *const *listed, size_t nlisted)
+static void report_unlisted_shards(const char *index_path, const char *dir,
+				   char *const *listed, size_t nlisted, char *const *beside,
+				   size_t nbeside)
 {
 	size_t extra = 0;
 	char first[256] = "";
-	if (c->remote) {
-		for (size_t i = 0; i < c->npresent; i++)
-			count_unlisted(c->present[i], listed, nlisted, &extra, first, sizeof first);
-	} else {
-		DIR *d = opendir(dir);
-		if (!d)
-			return;
-		struct dirent *e;
-		while ((e = readdir(d)))
-			count_unlisted(e->d_name, listed, nlisted, &extra, first, sizeof first);
-		closedir(d);
-	}
+	for (size_t i = 0; i < nbeside; i++)
+		count_unlisted(beside[i], listed, nlisted, &extra, first, sizeof first);
 	if (extra)
 		fsti_log(FST_LOG_WARN,
 			 "%s: %zu *.safetensors file%s in %s %s not in the index and %s not "
@@ -332,6 +391,52 @@ static int add_file(fst_checkpoint *c, const char *path, size_t cap, fst_error *
 /* An index larger than this is no index (a 100,000-tensor one is ~10 MB). */
 #define INDEX_MAX (256u << 20)
 
+/* A local index: a regular file (a FIFO would block the open, a directory
+ * read as empty JSON) of at most INDEX_MAX bytes, read whole. *root NULL
+ * with jerr set where it is not JSON. */
+static int read_local_index(const char *index_path, json_t **root, json_error_t *jerr,
+			    fst_error *err)
+{
+	*root = NULL;
+	int fault = fsti_fault("open");
+	int fd = fault ? (errno = fault, -1) : open(index_path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0)
+		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", index_path);
+	struct stat st;
+	int rc = 0;
+	if (fstat(fd, &st))
+		rc = fsti_err_sys(err, FST_EIO, errno, "%s: cannot stat", index_path);
+	else if (!S_ISREG(st.st_mode))
+		rc = fsti_err(err, FST_EFORMAT, "%s: is %s, not an index file", index_path,
+			      S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
+	else if ((uint64_t)st.st_size > INDEX_MAX)
+		rc = fsti_err(err, FST_EFORMAT,
+			      "%s: %" PRIu64 " bytes, more than the %u read of an index",
+			      index_path, (uint64_t)st.st_size, INDEX_MAX);
+	char *text = rc ? NULL : fsti_malloc((size_t)st.st_size + 1);
+	if (!rc && !text)
+		rc = fsti_err(err, FST_ENOMEM, "%s: out of memory", index_path);
+	size_t len = 0;
+	while (!rc && len < (size_t)st.st_size) {
+		fault = fsti_fault("read");
+		ssize_t got = fault ? (errno = fault, -1)
+				    : read(fd, text + len, (size_t)st.st_size - len);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0)
+			rc = fsti_err_sys(err, FST_EIO, errno, "%s: cannot read", index_path);
+		else if (!got)
+			break; /* shorter now: what there is, as JSON */
+		else
+			len += (size_t)got;
+	}
+	close(fd);
+	if (!rc)
+		*root = json_loadb(text, len, JSON_REJECT_DUPLICATES, jerr);
+	fsti_free(text);
+	return rc;
+}
+
 static int load_index(const fst_checkpoint *c, const char *index_path, json_t **root,
 		      fst_error *err)
 {
@@ -345,11 +450,9 @@ static int load_index(const fst_checkpoint *c, const char *index_path, json_t **
 		*root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
 		fsti_free(text);
 	} else {
-		FILE *fp = fopen(index_path, "rbe");
-		if (!fp)
-			return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open", index_path);
-		*root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
-		fclose(fp);
+		int rc = read_local_index(index_path, root, &jerr, err);
+		if (rc)
+			return rc;
 	}
 	if (!*root)
 		return fsti_err(err, FST_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)",
@@ -375,9 +478,50 @@ static int weight_map(const char *index_path, json_t *root, json_t **map, fst_er
 
 /* The shard names of map, each once, sorted, into *out (fsti_free it; the
  * names are map's). */
+/* name without "." parts and empty ones ("./a", "sub//a"): one file, one
+ * spelling, so that it is opened once. NULL when out of memory. */
+static char *plain_shard_name(const char *name)
+{
+	char *out = fsti_malloc(strlen(name) + 1), *o = out;
+	if (!out)
+		return NULL;
+	for (const char *p = name; *p;) {
+		size_t len = strcspn(p, "/");
+		if (len && !(len == 1 && *p == '.')) {
+			if (o > out)
+				*o++ = '/';
+			memcpy(o, p, len);
+			o += len;
+		}
+		p += len + (p[len] == '/');
+	}
+	*o = '\0';
+	return out;
+}
+
 static int shard_names(const char *index_path, json_t *map, char ***out, size_t *n,
 		       fst_error *err)
 {
+	/* the map's names in their plain spelling first: every check after
+	 * compares them */
+	const char *key;
+	json_t *value;
+	json_object_foreach(map, key, value) {
+		const char *name = json_is_string(value) ? json_string_value(value) : NULL;
+		/* as written: refused below ("/etc/x" would read "etc/x"), or a
+		 * folder (".", "sub/") said to be one there */
+		size_t len = name ? strlen(name) : 0;
+		if (!name || !shard_name_ok(name) || name[len - 1] == '/')
+			continue;
+		char *plain = plain_shard_name(name);
+		if (!plain || (*plain && strcmp(plain, name) &&
+			       json_string_set(value, plain))) {
+			fsti_free(plain);
+			return fsti_err(err, FST_ENOMEM, "%s: out of memory", index_path);
+		}
+		fsti_free(plain);
+	}
+
 	char **shards = fsti_calloc(json_object_size(map) + 1, sizeof *shards);
 	if (!shards)
 		return fsti_err(err, FST_ENOMEM, "out of memory");
@@ -388,9 +532,11 @@ static int shard_names(const char *index_path, json_t *map, char ***out, size_t 
 		if (!json_is_string(v) || !shard_name_ok(json_string_value(v))) {
 			fsti_free(shards);
 			return fsti_err(err, FST_EFORMAT,
-					"%s: weight_map \"%s\": shard must be a relative file name "
-					"inside the checkpoint's directory",
-					index_path, tname);
+					"%s: weight_map \"%s\": shard must be %s",
+					index_path, tname,
+					json_is_string(v) ? "a relative file name inside the "
+							    "checkpoint's directory"
+							  : "a file name (a JSON string)");
 		}
 		shards[nshards++] = (char *)json_string_value(v);
 	}
@@ -487,6 +633,29 @@ static void report_unmapped(const fst_checkpoint *c, json_t *map)
 		}
 }
 
+/* The names in an index's folder: a listed S3 folder's, else (a local
+ * index) its directory's; none for an index opened by its URL, which has
+ * no listing. */
+static int names_beside(const fst_checkpoint *c, const char *dir, struct listing *own,
+			char *const **names, size_t *n, fst_error *err)
+{
+	*names = c->present;
+	*n = c->npresent;
+	if (c->present || c->remote)
+		return 0;
+	DIR *d = opendir(dir);
+	if (!d)
+		return 0; /* nothing beside it to tell of */
+	int rc = 0;
+	struct dirent *e;
+	while (!rc && (e = readdir(d)))
+		rc = list_entry(own, e->d_name, err);
+	closedir(d);
+	*names = own->names;
+	*n = own->n;
+	return rc;
+}
+
 /* The shards an index's JSON names, opened and checked against it. */
 static int open_mapped(fst_checkpoint *c, const char *index_path, const char *dir, json_t *root,
 		       fst_error *err)
@@ -500,9 +669,15 @@ static int open_mapped(fst_checkpoint *c, const char *index_path, const char *di
 	rc = shard_names(index_path, map, &shards, &n, err);
 	if (rc)
 		return rc;
-	rc = check_shard_sets(index_path, shards, n, err);
+	struct listing own = {0};
+	char *const *beside;
+	size_t nbeside;
+	rc = names_beside(c, dir, &own, &beside, &nbeside, err);
 	if (!rc)
-		report_unlisted_shards(c, index_path, dir, shards, n);
+		rc = check_shard_sets(index_path, shards, n, beside, nbeside, err);
+	if (!rc)
+		report_unlisted_shards(index_path, dir, shards, n, beside, nbeside);
+	listing_free(&own);
 	for (size_t i = 0; i < n && !rc; i++)
 		rc = open_shard(c, index_path, dir, map, shards[i], n, err);
 	if (!rc)
@@ -526,57 +701,6 @@ static int open_index(fst_checkpoint *c, const char *index_path, const char *dir
 	rc = open_mapped(c, index_path, dir, root, err);
 	json_decref(root);
 	return rc;
-}
-
-/* What a directory holds: its *.safetensors files, and the index to use
- * (model.safetensors.index.json wins over other index files), of nindex. */
-struct listing {
-	char **names;
-	size_t n, cap;
-	char *index;
-	size_t nindex;
-};
-
-static void listing_free(struct listing *l)
-{
-	for (size_t i = 0; i < l->n; i++)
-		fsti_free(l->names[i]);
-	fsti_free(l->names);
-	fsti_free(l->index);
-}
-
-static int list_add(struct listing *l, const char *name, fst_error *err)
-{
-	if (l->n == l->cap) {
-		l->cap = l->cap ? l->cap * 2 : 16;
-		char **grown = fsti_realloc(l->names, l->cap * sizeof *l->names);
-		if (!grown)
-			return fsti_err(err, FST_ENOMEM, "out of memory");
-		l->names = grown;
-	}
-	if (!(l->names[l->n] = fsti_strdup(name)))
-		return fsti_err(err, FST_ENOMEM, "out of memory");
-	l->n++;
-	return 0;
-}
-
-/* One entry of a directory into l; names starting with '.' are skipped. */
-static int list_entry(struct listing *l, const char *name, fst_error *err)
-{
-	if (name[0] == '.')
-		return 0;
-	if (ends_with(name, ".safetensors.index.json")) {
-		l->nindex++;
-		if (!l->index || !strcmp(name, "model.safetensors.index.json")) {
-			fsti_free(l->index);
-			l->index = fsti_strdup(name);
-			if (!l->index)
-				return fsti_err(err, FST_ENOMEM, "out of memory");
-		}
-	} else if (ends_with(name, ".safetensors")) {
-		return list_add(l, name, err);
-	}
-	return 0;
 }
 
 /* A folder's entries into l: readdir, or an S3 listing. */
@@ -634,10 +758,19 @@ static int open_directory(fst_checkpoint *c, const char *dir, fst_error *err)
 			      c->remote ? "the S3 folder" : "directory");
 	} else if (!rc) {
 		qsort(l.names, l.n, sizeof *l.names, cmp_str);
-		rc = check_shard_sets(dir, l.names, l.n, err);
+		rc = check_shard_sets(dir, l.names, l.n, NULL, 0, err);
 		for (size_t i = 0; i < l.n && !rc; i++) {
 			char *p = join_path(dir, l.names[i]);
-			rc = p ? add_file(c, p, l.n, err) : fsti_err(err, FST_ENOMEM, "out of memory");
+			struct stat st;
+			if (!p)
+				rc = fsti_err(err, FST_ENOMEM, "%s: out of memory", dir);
+			else if (!c->remote && !stat(p, &st) && S_ISDIR(st.st_mode))
+				/* the folder's content is at fault, not the caller (whom
+				 * fst_file_open's FST_EUSAGE would blame) */
+				rc = fsti_err(err, FST_EFORMAT,
+					      "%s: is a directory, not a safetensors file", p);
+			else
+				rc = add_file(c, p, l.n, err);
 			fsti_free(p);
 		}
 		if (!rc)

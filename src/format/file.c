@@ -132,14 +132,23 @@ int fsti_file_check_unchanged(const fst_file *f, const char *when, fst_error *er
 			f->path, when, what, f->size, (uint64_t)st.st_size);
 }
 
+/* Two ticks of the slowest clock that stamps changes (HZ=100). */
+#define SETTLE_NS (20ull * 1000000)
+
+bool fsti_ctime_unsettled(uint64_t ctime_ns, uint64_t now_ns)
+{
+	/* further ahead is a clock skewed into the future (a file server's
+	 * ahead of this one): no wait would pass it */
+	return ctime_ns >= now_ns && ctime_ns - now_ns <= SETTLE_NS;
+}
+
 /*
  * fstat, once the clock that stamps file changes has moved past the file's
  * last change. Before Linux 6.13 (and on file systems without fine-grained
  * stamps) that clock ticks every 1-10 ms, and a write within the tick of the
  * previous change leaves the status change time as it was: an identity
  * taken in that tick could miss a later overwrite. Only just-written files
- * wait, at most a few ticks (a clock skewed into the future is not waited
- * for).
+ * wait, at most a few ticks.
  */
 static int stat_settled(const fst_file *f, struct stat *st, fst_error *err)
 {
@@ -148,7 +157,7 @@ static int stat_settled(const fst_file *f, struct stat *st, fst_error *err)
 			return fsti_err_sys(err, FST_EIO, errno, "%s: cannot stat", f->path);
 		struct timespec now;
 		if (tries == 20 || clock_gettime(CLOCK_REALTIME_COARSE, &now) ||
-		    timespec_ns(&now) > timespec_ns(&st->st_ctim))
+		    !fsti_ctime_unsettled(timespec_ns(&st->st_ctim), timespec_ns(&now)))
 			return 0;
 		struct timespec ms = {0, 1000000};
 		nanosleep(&ms, NULL);

@@ -65,6 +65,10 @@ void fsti_tensor_info(const fst_file *f, size_t i, fst_tensor_info *out);
  * still shows the size, modification and status change times it had when
  * it was opened; memory images always pass (file.c). */
 int fsti_file_check_unchanged(const fst_file *f, const char *when, fst_error *err);
+/* Whether an open waits for the clock to pass a file's status change at
+ * ctime_ns (the coarse clock reads now_ns): the change is at most a few
+ * ticks ahead, not a clock skewed into the future. */
+bool fsti_ctime_unsettled(uint64_t ctime_ns, uint64_t now_ns);
 /* Open the remote file url with r's configuration over connection c. */
 int fsti_file_open_remote(const char *url, struct fsti_remote *r, struct fsti_conn *c,
 			  fst_file **out, fst_error *err);

@@ -361,6 +361,34 @@ def test_text_output_escapes_control_characters(fst_pkg, tmp_path):
     assert j[0]["metadata"] == {"format": "pt\x1b]0;pwned\x07"}
 
 
+def test_errors_and_warnings_are_one_line(tmp_path):
+    """A bad tensor whose name holds a newline and an escape sequence: the
+    error is one line on stderr, its control characters as \\xNN; so is
+    a warning naming such a tensor."""
+    import struct
+    evil = "evil\nfst inspect: other.safetensors: looks fine\x1b[31m"
+    header = json.dumps({evil: {"dtype": "U8", "shape": [3], "data_offsets": [0, 2]}}).encode()
+    p = tmp_path / "bad.safetensors"
+    p.write_bytes(struct.pack("<Q", len(header)) + header + b"ab")
+    for cmd in ("inspect", "verify", "load"):
+        r = fst(cmd, p)
+        assert r.returncode == 2, r.stderr
+        assert "\x1b" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+        assert 'tensor "evil\\x0afst inspect: other.safetensors: looks fine\\x1b[31m"' in r.stderr
+    # a warning (a tensor the index does not map) through the library's log
+    good = tmp_path / "ck"
+    good.mkdir()
+    header = json.dumps({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                         evil: {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}}).encode()
+    (good / "s.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"ab")
+    (good / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "s.safetensors"}}))
+    r = fst("inspect", good)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "fst: warning: " in r.stderr and "\\x0a" in r.stderr, r.stderr
+
+
 def test_gen_refuses_an_empty_outdir():
     r = fst("gen", "")
     assert r.returncode == 1 and "OUTDIR is empty" in r.stderr, r.stderr

@@ -281,7 +281,104 @@ static void test_unmapped_tensors_kept(void **state)
 	fst_checkpoint_close(c);
 }
 
+/* An index that maps no tensor to a shard of its set that is there (stale
+ * or hand-edited): the set is whole, the shard reported as not loaded, the
+ * rest loads (with the shard absent, it is incomplete: below). Opened by the
+ * folder and by the index's path, given with a trailing '/' too. */
+static void test_index_leaves_a_present_shard_unmapped(void **state)
+{
+	(void)state;
+	const char *dir = make_dir("index-unmapped-shard");
+	write_two_shards(dir, false);
+	write_text(join(dir, "model.safetensors.index.json"),
+		   "{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", "
+		   "\"b\": \"model-00001-of-00002.safetensors\"}}");
+	char slashed[800];
+	snprintf(slashed, sizeof slashed, "%s/", dir);
+	const char *paths[] = {dir, join(dir, "model.safetensors.index.json"), slashed};
+	for (int k = 0; k < 3; k++) {
+		struct log_capture lc = {0};
+		int level = fst_log_get_level();
+		fst_log_set_level(FST_LOG_WARN);
+		fst_log_set_callback(capture, &lc);
+		fst_checkpoint *c;
+		fst_error err;
+		int rc = fst_checkpoint_open(paths[k], &c, &err);
+		fst_log_set_callback(NULL, NULL);
+		fst_log_set_level(level);
+		if (rc)
+			fail_msg("%s: %s", paths[k], err.message);
+		assert_int_equal(fst_checkpoint_tensor_count(c), 2);
+		assert_int_equal(lc.warnings, 1);
+		assert_has(lc.last, "model-00002-of-00002.safetensors");
+		assert_has(lc.last, "not in the index");
+		const char *f = fst_file_path(fst_checkpoint_file(c, 0));
+		if (strstr(f, "//"))
+			fail_msg("%s: a shard named %s", paths[k], f);
+		fst_checkpoint_close(c);
+	}
+}
+
+/* One shard spelled two ways ("./a", "sub//a" beside "a", "sub/a") is one
+ * file, opened once. */
+static void test_index_one_shard_two_spellings(void **state)
+{
+	(void)state;
+	const char *dir = make_dir("index-spellings");
+	char sub[600];
+	snprintf(sub, sizeof sub, "%s", join(dir, "sub"));
+	assert_int_equal(mkdir(sub, 0755), 0);
+	write_shard(join(dir, "a.safetensors"), (const char *const[]){"x", "y", NULL});
+	write_shard(join(sub, "b.safetensors"), (const char *const[]){"z", "w", NULL});
+	write_text(join(dir, "model.safetensors.index.json"),
+		   "{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"./a.safetensors\","
+		   " \"z\": \"sub/b.safetensors\", \"w\": \"sub//./b.safetensors\"}}");
+	fst_checkpoint *c;
+	fst_error err;
+	if (fst_checkpoint_open(dir, &c, &err))
+		fail_msg("%s", err.message);
+	assert_int_equal(fst_checkpoint_file_count(c), 2);
+	assert_int_equal(fst_checkpoint_tensor_count(c), 4);
+	fst_checkpoint_close(c);
+	/* a name made valid by the spelling is refused as written */
+	write_text(join(dir, "model.safetensors.index.json"),
+		   "{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"//a.safetensors\"}}");
+	assert_has(expect_error(dir, FST_EFORMAT), "relative file name");
+}
+
 /* ------------------------------------------------------------ errors */
+
+/* An index that is no regular file: a FIFO is refused, not opened (which
+ * would wait for a writer forever); a directory is named as one. */
+static void test_index_not_a_file(void **state)
+{
+	(void)state;
+	const char *dir = make_dir("index-fifo");
+	write_shard(join(dir, "s1.safetensors"), (const char *const[]){"a", NULL});
+	char *index = join(dir, "model.safetensors.index.json");
+	assert_int_equal(mkfifo(index, 0600), 0);
+	const char *msg = expect_error(dir, FST_EFORMAT);
+	assert_has(msg, index);
+	assert_has(msg, "not a regular file");
+	assert_has(expect_error(index, FST_EFORMAT), "not a regular file");
+	const char *dir2 = make_dir("index-dir");
+	write_shard(join(dir2, "s1.safetensors"), (const char *const[]){"a", NULL});
+	assert_int_equal(mkdir(join(dir2, "model.safetensors.index.json"), 0755), 0);
+	assert_has(expect_error(dir2, FST_EFORMAT), "is a directory, not an index file");
+}
+
+/* A folder's entry named *.safetensors that is a directory: the folder is
+ * at fault (FST_EFORMAT), not the caller. */
+static void test_directory_entry_is_a_directory(void **state)
+{
+	(void)state;
+	const char *dir = make_dir("entry-dir");
+	write_shard(join(dir, "a.safetensors"), (const char *const[]){"a", NULL});
+	assert_int_equal(mkdir(join(dir, "b.safetensors"), 0755), 0);
+	const char *msg = expect_error(dir, FST_EFORMAT);
+	assert_has(msg, "b.safetensors");
+	assert_has(msg, "is a directory");
+}
 
 static void test_missing_shard(void **state)
 {
@@ -522,8 +619,8 @@ static void test_malformed_index(void **state)
 		{"[]", "\"weight_map\""},
 		{"{}", "\"weight_map\""},
 		{"{\"weight_map\": [\"s1.safetensors\"]}", "\"weight_map\""},
-		{"{\"weight_map\": {\"a\": 1}}", "relative file name"},
-		{"{\"weight_map\": {\"a\": null}}", "relative file name"},
+		{"{\"weight_map\": {\"a\": 1}}", "a file name (a JSON string)"},
+		{"{\"weight_map\": {\"a\": null}}", "a file name (a JSON string)"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		write_text(index, cases[i].text);
@@ -602,6 +699,10 @@ int main(void)
 		cmocka_unit_test(test_directory_with_index),
 		cmocka_unit_test(test_index_path),
 		cmocka_unit_test(test_index_ignores_other_files),
+		cmocka_unit_test(test_index_leaves_a_present_shard_unmapped),
+		cmocka_unit_test(test_index_one_shard_two_spellings),
+		cmocka_unit_test(test_index_not_a_file),
+		cmocka_unit_test(test_directory_entry_is_a_directory),
 		cmocka_unit_test(test_unmapped_tensors_kept),
 		cmocka_unit_test(test_missing_shard),
 		cmocka_unit_test(test_incomplete_shard_set),

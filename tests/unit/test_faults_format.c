@@ -206,8 +206,9 @@ static void test_checkpoint_index_alloc(void **state)
 static void test_checkpoint_index_read_open(void **state)
 {
 	(void)state;
-	assert_true(fault_loop("read", open_checkpoint, ckdir, FST_EIO) >= 4);
-	assert_int_equal(fault_loop("open", open_checkpoint, ckdir, FST_EIO), 2);
+	assert_true(fault_loop("read", open_checkpoint, ckdir, FST_EIO) >= 5);
+	/* the index and both shards */
+	assert_int_equal(fault_loop("open", open_checkpoint, ckdir, FST_EIO), 3);
 }
 
 static void test_checkpoint_directory(void **state)

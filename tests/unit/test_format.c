@@ -3,6 +3,7 @@
  * at fault and the rule; what the reference reader accepts (scalars, empty
  * tensors, padding spaces, unknown fields); and the fst_file accessors over
  * paths, descriptors and memory. */
+#include "format.h"
 #include "helpers.h"
 
 #include <errno.h>
@@ -821,6 +822,21 @@ static void test_open_not_regular(void **state)
 	}
 }
 
+/* An open waits for the clock to pass a status change a few ticks ahead
+ * (a file written this instant), never for one far ahead (a file server's
+ * clock ahead of this one): 20 ms waited per file then. */
+static void test_settle_waits_only_for_ticks(void **state)
+{
+	(void)state;
+	const uint64_t now = 1700000000ull * 1000000000ull, ms = 1000000;
+	assert_true(fsti_ctime_unsettled(now, now));
+	assert_true(fsti_ctime_unsettled(now + 5 * ms, now));
+	assert_true(fsti_ctime_unsettled(now + 20 * ms, now));
+	assert_false(fsti_ctime_unsettled(now - 1, now));
+	assert_false(fsti_ctime_unsettled(now + 21 * ms, now));
+	assert_false(fsti_ctime_unsettled(now + 3600000 * ms, now));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -861,6 +877,7 @@ int main(void)
 		cmocka_unit_test(test_open_missing),
 		cmocka_unit_test(test_open_directory),
 		cmocka_unit_test(test_open_not_regular),
+		cmocka_unit_test(test_settle_waits_only_for_ticks),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

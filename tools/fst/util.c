@@ -143,11 +143,25 @@ double cli_now(void)
 
 void cli_error(const char *cmd, const char *fmt, ...)
 {
+	/* one line (cli.md): the control characters a tensor's or file's name
+	 * may hold in the message shown as \xNN */
+	char small[1200], *text = small;
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "fst %s: ", cmd);
-	vfprintf(stderr, fmt, ap);
+	int len = vsnprintf(small, sizeof small, fmt, ap);
 	va_end(ap);
+	if (len >= (int)sizeof small && (text = malloc((size_t)len + 1))) {
+		va_start(ap, fmt);
+		vsnprintf(text, (size_t)len + 1, fmt, ap);
+		va_end(ap);
+	}
+	if (!text)
+		text = small; /* cut short rather than not said */
+	char *shown = cli_printable(text);
+	fprintf(stderr, "fst %s: %s", cmd, shown ? shown : text);
+	free(shown);
+	if (text != small)
+		free(text);
 	/* A test's failure must not pass for a real one ("out of memory"
 	 * with memory to spare): say that one was injected, and where. */
 	char where[96];
