@@ -24,6 +24,11 @@ int fstpy_checkpoint_ready(const CheckpointObject *ck)
 
 const char *fstpy_tensor_name(PyObject *name, int *nul)
 {
+	if (!PyUnicode_Check(name)) {
+		PyErr_Format(PyExc_TypeError, "a tensor name is a str, not %.100s",
+			     Py_TYPE(name)->tp_name);
+		return NULL;
+	}
 	Py_ssize_t len;
 	const char *s = PyUnicode_AsUTF8AndSize(name, &len);
 	*nul = s && strlen(s) != (size_t)len;

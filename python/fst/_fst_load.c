@@ -59,12 +59,26 @@ static void py_free(void *ctx, void *ptr, uint64_t size, int device_type, int de
 	/* The last reference may be dropped on any thread, with or without the
 	 * GIL: take it for the call and for the reference counts. */
 	PyGILState_STATE g = PyGILState_Ensure();
+	/* An exception on its way up (the reference dropped as a frame
+	 * unwinds) is set aside for the call, and put back: else the call
+	 * fails, and the caller's exception is lost to a SystemError. */
+#if PY_VERSION_HEX >= 0x030C0000
+	PyObject *pending = PyErr_GetRaisedException();
+#else
+	PyObject *ptype, *pvalue, *ptrace;
+	PyErr_Fetch(&ptype, &pvalue, &ptrace);
+#endif
 	PyObject *r = PyObject_CallFunction(pa->free, "NKii", PyLong_FromVoidPtr(ptr),
 					    (unsigned long long)size, device_type, device_id);
 	if (!r)
 		PyErr_WriteUnraisable(pa->free);
 	Py_XDECREF(r);
 	pyalloc_unref(pa);
+#if PY_VERSION_HEX >= 0x030C0000
+	PyErr_SetRaisedException(pending);
+#else
+	PyErr_Restore(ptype, pvalue, ptrace);
+#endif
 	PyGILState_Release(g);
 }
 
@@ -340,11 +354,14 @@ static const fst_checkpoint *loader_checkpoint(LoaderObject *self)
 	return self->checkpoint ? ((CheckpointObject *)self->checkpoint)->ck : NULL;
 }
 
+/* self->busy: what holds the loader while the GIL is released */
+enum { LOADER_FREE, LOADER_IN_NEXT, LOADER_FINISHING };
+
 /* Whether another thread's next() has the loader (RuntimeError set,
  * saying what to do instead). */
 static int loader_busy(const LoaderObject *self, const char *what, const char *instead)
 {
-	if (!self->busy)
+	if (self->busy != LOADER_IN_NEXT)
 		return 0;
 	PyErr_Format(PyExc_RuntimeError,
 		     "%s: another thread's next() is waiting on this loader; %s", what, instead);
@@ -355,7 +372,7 @@ static int loader_busy(const LoaderObject *self, const char *what, const char *i
 static PyObject *Loader_next(LoaderObject *self, PyObject *unused)
 {
 	(void)unused;
-	if (!self->ld) {
+	if (!self->ld || self->busy == LOADER_FINISHING) {
 		PyErr_SetString(PyExc_RuntimeError, "loader already finished");
 		return NULL;
 	}
@@ -364,11 +381,11 @@ static PyObject *Loader_next(LoaderObject *self, PyObject *unused)
 	fst_tensor_view v;
 	fst_error err;
 	int rc;
-	self->busy = 1;
+	self->busy = LOADER_IN_NEXT;
 	Py_BEGIN_ALLOW_THREADS
 	rc = fst_loader_next(self->ld, &v, &err);
 	Py_END_ALLOW_THREADS
-	self->busy = 0;
+	self->busy = LOADER_FREE;
 	if (rc < 0)
 		return fstpy_raise_at(rc, &err, loader_checkpoint(self), NULL);
 	if (rc == 0)
@@ -396,7 +413,7 @@ static PyObject *Loader_cancel(LoaderObject *self, PyObject *unused)
 static PyObject *Loader_finish(LoaderObject *self, PyObject *unused)
 {
 	(void)unused;
-	if (!self->ld) {
+	if (!self->ld || self->busy == LOADER_FINISHING) {
 		PyErr_SetString(PyExc_RuntimeError, "loader already finished");
 		return NULL;
 	}
@@ -404,10 +421,20 @@ static PyObject *Loader_finish(LoaderObject *self, PyObject *unused)
 			"cancel() it, and finish() once that next() has returned"))
 		return NULL;
 	fst_loader *ld = self->ld;
-	self->ld = NULL;
 	fst_buffer *buf = NULL;
 	fst_error err;
 	int rc;
+	/* The wait is the rest of the tensors, taken and let go here while the
+	 * loader stays reachable: progress() and cancel() from other threads
+	 * still reach it. Only then is it taken from them and freed. */
+	self->busy = LOADER_FINISHING;
+	Py_BEGIN_ALLOW_THREADS
+	fst_tensor_view v;
+	while (fst_loader_next(ld, &v, &err) == 1)
+		fst_view_release(&v);
+	Py_END_ALLOW_THREADS
+	self->ld = NULL;
+	self->busy = LOADER_FREE;
 	Py_BEGIN_ALLOW_THREADS
 	rc = fst_loader_finish(ld, &buf, &err);
 	Py_END_ALLOW_THREADS

@@ -221,6 +221,12 @@ static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kw)
 	fst_tensor_view *v = &self->view;
 	if (dl_device && dl_device != Py_None) {
 		int type, id;
+		if (!PyTuple_Check(dl_device)) {
+			PyErr_Format(PyExc_TypeError,
+				     "dl_device must be a tuple (device_type, device_id), not %.100s",
+				     Py_TYPE(dl_device)->tp_name);
+			return NULL;
+		}
 		if (!PyArg_ParseTuple(dl_device, "ii;dl_device must be (device_type, device_id)",
 				      &type, &id))
 			return NULL;

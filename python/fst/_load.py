@@ -144,7 +144,7 @@ def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framewo
     if isinstance(paths, (str, bytes, os.PathLike, _checkpoint_type())):
         paths = [paths]
     cks = [_open(p, remote) for p in paths]
-    kw = _prepare(", ".join(ck.path for ck in cks) or "iter_tensors", cks, fw, kw)
+    kw = _prepare(", ".join(os.fsdecode(ck.path) for ck in cks) or "iter_tensors", cks, fw, kw)
     bar = None
     if progress:
         try:

@@ -283,6 +283,41 @@ ALLOC_SCRIPT = """
 """
 
 
+def test_allocator_free_keeps_the_exception_on_its_way(fst_pkg, tmp_path, run_python):
+    """The last tensor of an allocator's block let go while an exception
+    unwinds (a dict of tensors dropped by a KeyError): the free is called,
+    and the caller still gets its KeyError (not a SystemError)."""
+    path = write_safetensors(tmp_path / "a.safetensors", [("w", "U8", (8,), bytes(range(8)))])
+    r = run_python(f"""
+        import gc, numpy as np, fst
+        blocks, freed = {{}}, []
+        def alloc(size, align, device_type, device_id):
+            a = np.zeros(size + 2 * align, np.uint8)
+            p = (a.ctypes.data + align - 1) // align * align
+            blocks[p] = a
+            return p
+        def free(ptr, size, device_type, device_id):
+            freed.append(ptr)
+            del blocks[ptr]
+        ck = fst._fst.Checkpoint({str(path)!r})
+        def load():
+            buf = fst._fst.load(ck, allocator=(alloc, free))
+            return {{n: np.from_dlpack(buf.tensor(n)) for n in buf.names()}}
+        for attempt in (lambda: load()["nope"],
+                        lambda: fst._fst.load(ck, allocator=(alloc, free)).tensor("nope")):
+            try:
+                attempt()
+            except KeyError as e:
+                print("KeyError", e)
+            gc.collect()
+        print("freed", len(freed), "live", len(blocks))
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["KeyError 'nope'", "KeyError 'nope'", "freed 2 live 0"], \
+        r.stdout + r.stderr[-2000:]
+    assert "SystemError" not in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("mode", ["ok", "misalign", "fail", "raise"])
 def test_allocator_bridge(fst_pkg, tmp_path, run_python, mode):
     """fst._fst.load(allocator=(alloc, free)): the memory of a load comes from

@@ -67,6 +67,35 @@ def test_names_holding_a_nul_match_nothing(fst_pkg, small):
         fst_pkg.load(small, framework="numpy", names=["t1\x00x"])
 
 
+def test_names_and_devices_of_the_wrong_type(fst_pkg, small):
+    """A tensor name that is no str is a TypeError saying so, on every
+    lookup and in the compat safe_open before its first load and after it
+    alike (as the reference's); a dl_device that is no tuple a TypeError."""
+    from fst import _fst
+    ck = _fst.Checkpoint(small)
+    with pytest.raises(TypeError, match="a tensor name is a str, not int"):
+        ck.info(5)
+    buf = _fst.load(ck)
+    with pytest.raises(TypeError, match="a tensor name is a str, not bytes"):
+        buf.tensor(b"t1")
+    t = buf.tensor("t1")
+    with pytest.raises(TypeError, match="dl_device must be a tuple"):
+        t.__dlpack__(dl_device=[1, 0])
+    from fst.compat.safetensors import safe_open
+    with safe_open(small, framework="numpy") as f:
+        for _ in range(2):  # before the first load, then after it
+            with pytest.raises(TypeError, match="'int' object is not an instance of 'str'"):
+                f.get_tensor(5)
+            with pytest.raises(UnicodeEncodeError):
+                f.get_tensor("\ud800")
+            assert f.get_tensor("t1")[0] == 1
+
+
+def test_iter_tensors_takes_a_bytes_path(fst_pkg, small):
+    got = dict(fst_pkg.iter_tensors(os.fsencode(small), framework="numpy"))
+    assert len(got) == 400 and got["t3"][0] == 3
+
+
 def test_finish_while_another_thread_waits_in_next(fst_pkg, small, run_python):
     """finish() freed the loader under a next() waiting in another thread
     (a crash in 2 runs of 3 of this loop); it now refuses while that next()

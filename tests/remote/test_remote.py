@@ -245,6 +245,42 @@ def test_signed_requests_stay_where_they_were_sent(fault, fst_env):
     assert signed and all(x["headers"]["x-amz-security-token"] == token for x in signed)
 
 
+def test_cancel_and_progress_reach_a_loader_in_finish(fault):
+    """finish() waits with the loader still in reach: another thread's
+    progress() sees the bytes come, and its cancel() ends the wait
+    (CancelledError) long before the slow server would have."""
+    import threading
+    import fst
+    base, _ = fault
+    ck = fst._fst.Checkpoint(f"{base}/slow/one/model.safetensors")
+    loader = fst._fst.start(ck, threads=1, chunk_bytes=1 << 20)
+    _, total = loader.progress()
+    out = {}
+
+    def finish():
+        t0 = time.time()
+        try:
+            loader.finish()
+            out["result"] = "finished"
+        except fst.CancelledError:
+            out["result"] = "cancelled"
+        out["secs"] = time.time() - t0
+
+    th = threading.Thread(target=finish)
+    th.start()
+    seen, t0 = [], time.time()
+    while time.time() - t0 < 20 and (not seen or seen[-1] < 2 << 20):
+        seen.append(loader.progress()[0])
+        time.sleep(0.02)
+    loader.cancel()
+    th.join(30)
+    assert not th.is_alive()
+    assert 2 << 20 <= seen[-1] < total, (seen[-1], total)
+    assert out["result"] == "cancelled", out
+    with pytest.raises(RuntimeError, match="loader already finished"):
+        loader.next()
+
+
 def test_https_never_redirects_to_http(tls_fault, fst_env):
     """Over https, a redirect to plain http (where anyone between could
     change the bytes) fails; https itself, and redirects within it, work."""

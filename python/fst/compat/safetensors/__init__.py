@@ -215,10 +215,16 @@ class _Opened:
         self._lock = threading.Lock()
 
     def info(self, name: str):
-        """(dtype, shape, ...) of a tensor, or None."""
+        """(dtype, shape, ...) of a tensor, or None. A name that is no str,
+        or no UTF-8 (a lone surrogate), fails as the reference's does, before
+        the first load and after it alike."""
+        if not isinstance(name, str):
+            raise TypeError(f"argument 'name': '{type(name).__name__}' object is not an "
+                            "instance of 'str'")
         ck = self.ck
         if ck is not None:
             return ck._ck.info(name)
+        name.encode()
         return self._infos.get(name)
 
     def tensors(self) -> dict:
