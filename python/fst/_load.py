@@ -22,11 +22,20 @@ def _torch_allocator(device: str):
     accounting sees it."""
     import torch
 
+    # torch's blocks start at 512-byte boundaries: a larger align takes a
+    # block that much longer and hands out its first aligned address; the
+    # block's own address goes back to torch
+    blocks = {}
+
     def alloc(size, align, device_type, device_id):
-        return torch.cuda.caching_allocator_alloc(size, device=device_id)
+        extra = align if align > 512 else 0
+        p = torch.cuda.caching_allocator_alloc(size + extra, device=device_id)
+        q = (p + align - 1) // align * align if extra else p
+        blocks[q] = p
+        return q
 
     def free(ptr, size, device_type, device_id):
-        torch.cuda.caching_allocator_delete(ptr)
+        torch.cuda.caching_allocator_delete(blocks.pop(ptr))
 
     return (alloc, free)
 

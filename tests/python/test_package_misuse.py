@@ -91,6 +91,38 @@ def test_names_and_devices_of_the_wrong_type(fst_pkg, small):
             assert f.get_tensor("t1")[0] == 1
 
 
+def test_torch_allocator_bridge_keeps_a_larger_align(fst_pkg, run_python):
+    """torch's caching allocator gives 512-byte-aligned blocks: the bridge
+    asks for more where align is larger, hands out an aligned address in
+    the block, and gives torch back the block's own (a stand-in torch here:
+    the bridge's arithmetic, not CUDA's, is under test)."""
+    r = run_python("""
+        import sys, types
+        live, freed = {}, []
+        cuda = types.SimpleNamespace()
+        def caching_allocator_alloc(size, device=None):
+            p = 0x7f0000000200 + 0x100000 * len(live)  # 512-aligned, not 4096
+            live[p] = size
+            return p
+        def caching_allocator_delete(p):
+            freed.append(p)
+            del live[p]
+        cuda.caching_allocator_alloc = caching_allocator_alloc
+        cuda.caching_allocator_delete = caching_allocator_delete
+        sys.modules["torch"] = types.SimpleNamespace(cuda=cuda)
+        from fst._load import _torch_allocator
+        alloc, free = _torch_allocator("cuda:0")
+        for align, size in ((256, 1000), (512, 1000), (4096, 1000), (1 << 21, 5)):
+            q = alloc(size, align, 2, 0)
+            (p, got), = live.items()
+            assert q % align == 0 and p <= q and q + size <= p + got, (align, q, p, got)
+            free(q, size, 2, 0)
+            assert freed[-1] == p and not live
+        print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 def test_iter_tensors_takes_a_bytes_path(fst_pkg, small):
     got = dict(fst_pkg.iter_tensors(os.fsencode(small), framework="numpy"))
     assert len(got) == 400 and got["t3"][0] == 3
