@@ -469,6 +469,9 @@ static bool transient(int code)
 	case FSTI_CURLE_SEND_ERROR:
 	case FSTI_CURLE_RECV_ERROR:
 	case FSTI_CURLE_HTTP2_STREAM:
+	/* a handshake cut short (a reset under load); a certificate that does
+	 * not verify is another code, and final */
+	case FSTI_CURLE_SSL_CONNECT_ERROR:
 		return true;
 	default:
 		return false;

@@ -70,8 +70,11 @@ def tls_fault(root, fault, tmp_path_factory):
                         "-keyout", str(key), "-out", str(cert)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     url, proc = start_fault_server(root, None, tls=(cert, key), downgrade_to=fault[0])
-    yield url, cert
+    # and one whose first handshakes are reset
+    flaky, flaky_proc = start_fault_server(root, None, tls=(cert, key), tls_drop=2)
+    yield url, cert, flaky
     stop(proc)
+    stop(flaky_proc)
 
 
 @pytest.fixture(scope="session")

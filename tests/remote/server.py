@@ -5,6 +5,7 @@ picks the behaviour, the rest names the file (/ok/model.safetensors).
 
   server.py --dir DIR [--port 0] [--log FILE]   # prints "PORT" on stdout
             [--tls CERT KEY] [--downgrade-to URL]  # https; URL: mode downgrade's target
+            [--tls-drop N]  # the first N TLS handshakes: reset (as a loaded S3 does)
 
 Modes (counters are per file and mode, reset by GET /reset):
   ok          ranges, ETag, Last-Modified, If-Match (412), as nginx serves
@@ -227,6 +228,7 @@ def main():
     ap.add_argument("--log")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     ap.add_argument("--downgrade-to")
+    ap.add_argument("--tls-drop", type=int, default=0)
     a = ap.parse_args()
     ROOT = os.path.abspath(a.dir)
     LOG = open(a.log, "a") if a.log else None
@@ -237,7 +239,22 @@ def main():
         import ssl
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(*a.tls)
-        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        drop = [a.tls_drop]
+
+        class Listener(socket.socket):
+            """Accepts; the first --tls-drop connections are reset before
+            their handshake, the rest get TLS."""
+            def accept(self):
+                while True:
+                    conn, addr = super().accept()
+                    if drop[0] <= 0:
+                        return ctx.wrap_socket(conn, server_side=True), addr
+                    drop[0] -= 1
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    conn.close()
+
+        plain = srv.socket
+        srv.socket = Listener(plain.family, plain.type, fileno=plain.detach())
     print(srv.server_address[1], flush=True)
     try:
         srv.serve_forever()

@@ -91,9 +91,10 @@ http {{
     return url, proc
 
 
-def start_fault_server(root, log=None, tls=None, downgrade_to=None):
+def start_fault_server(root, log=None, tls=None, downgrade_to=None, tls_drop=0):
     """server.py serving root: (base URL, process); tls: (cert, key) for
-    https, downgrade_to: where its mode downgrade redirects."""
+    https, downgrade_to: where its mode downgrade redirects, tls_drop: how
+    many handshakes it resets first."""
     args = [sys.executable, str(HERE / "server.py"), "--dir", str(root)]
     if log:
         args += ["--log", str(log)]
@@ -101,6 +102,8 @@ def start_fault_server(root, log=None, tls=None, downgrade_to=None):
         args += ["--tls", *map(str, tls)]
     if downgrade_to:
         args += ["--downgrade-to", downgrade_to]
+    if tls_drop:
+        args += ["--tls-drop", str(tls_drop)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
     scheme = "https" if tls else "http"
     return f"{scheme}://127.0.0.1:{int(proc.stdout.readline())}", proc

@@ -284,7 +284,7 @@ def test_cancel_and_progress_reach_a_loader_in_finish(fault):
 def test_https_never_redirects_to_http(tls_fault, fst_env):
     """Over https, a redirect to plain http (where anyone between could
     change the bytes) fails; https itself, and redirects within it, work."""
-    base, cert = tls_fault
+    base, cert, _ = tls_fault
     env = fst_env(CURL_CA_BUNDLE=str(cert))
     for mode in ("ok", "redirect"):
         r = run_fst("verify", f"{base}/{mode}/one/model.safetensors", env=env)
@@ -292,6 +292,14 @@ def test_https_never_redirects_to_http(tls_fault, fst_env):
     r = run_fst("load", f"{base}/downgrade/one/model.safetensors", env=env)
     assert r.returncode == 4 and f"{base}/downgrade/one/" in r.stderr, r.stderr
     assert "libcurl error 1)" in r.stderr, r.stderr  # CURLE_UNSUPPORTED_PROTOCOL
+
+
+def test_tls_handshakes_reset_are_retried(tls_fault, fst_env):
+    """A connection reset during the TLS handshake (S3 under load) is
+    retried like any dropped connection."""
+    _, cert, flaky = tls_fault
+    r = run_fst("verify", f"{flaky}/ok/one/model.safetensors", env=fst_env(CURL_CA_BUNDLE=str(cert)))
+    assert r.returncode == 0, r.stderr
 
 
 def test_url_secrets_are_not_shown(fault, root, fst_env):
