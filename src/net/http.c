@@ -710,7 +710,10 @@ static int get_range(struct fsti_conn *c, struct fsti_object *o, bool learn, uin
 				break;
 			len = FSTI_MIN(len, o->size - off);
 		}
-		if (v == RETRY || !q.got) {
+		/* every byte asked for, checked: a transport error after them
+		 * (a connection closed short of a longer Content-Length) leaves
+		 * nothing to retry */
+		if ((v == RETRY || !q.got) && done < len) {
 			char at[600];
 			where(at, sizeof at, &t, &q);
 			if (v == DONE)

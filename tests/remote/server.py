@@ -30,6 +30,9 @@ Modes (counters are per file and mode, reset by GET /reset):
               headers there
   longetag    as ok, with a 300-character ETag (If-Match compared whole)
   nocr        data requests: HTTP 206 without a Content-Range
+  overdeclared  data requests: every byte of the range, a Content-Length one
+              more, then the connection closed (the client has all it asked
+              for, and a transfer error)
   downgrade   one redirect to --downgrade-to's /ok/... (from https to http)
   stall       the headers of data requests, then nothing (until the client leaves)
   slow        data requests answered at about 2 MiB/s
@@ -183,8 +186,13 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         if not (mode == "nocr" and data_request):
             self.send_header("Content-Range", f"bytes {a}-{said}/{size}")
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(body) + (mode == "overdeclared" and data_request)))
         self.end_headers()
+        if mode == "overdeclared" and data_request:
+            self.wfile.write(body)
+            self.wfile.flush()
+            self.close_connection = True
+            return
         if mode == "stall" and data_request:
             self.wfile.flush()
             while True:

@@ -96,8 +96,10 @@ static void url_of(char *buf, size_t size, const char *mode, size_t i)
 	snprintf(buf, size, "http://127.0.0.1:%d/%s/ck/%s", port, mode, name);
 }
 
-/* The checkpoint's files, each by its URL under mode, as one checkpoint. */
-static int open_remote(const char *mode, fst_checkpoint **out, fst_error *err)
+/* The checkpoint's files, each by its URL under mode, as one checkpoint;
+ * oo: their open options (NULL: the defaults). */
+static int open_remote_ex(const char *mode, const fst_open_opts *oo, fst_checkpoint **out,
+			  fst_error *err)
 {
 	size_t n = fst_checkpoint_file_count(local_ck);
 	fst_file *fs[16];
@@ -105,7 +107,7 @@ static int open_remote(const char *mode, fst_checkpoint **out, fst_error *err)
 	for (size_t i = 0; i < n; i++) {
 		char url[512];
 		url_of(url, sizeof url, mode, i);
-		int rc = fst_file_open(url, &fs[i], err);
+		int rc = fst_file_open_ex(url, oo, &fs[i], err);
 		if (rc) {
 			for (size_t j = 0; j < i; j++)
 				fst_file_close(fs[j]);
@@ -115,6 +117,11 @@ static int open_remote(const char *mode, fst_checkpoint **out, fst_error *err)
 		assert_int_equal(fst_file_fd(fs[i]), -1);
 	}
 	return fst_checkpoint_from_files(fs, n, out, err);
+}
+
+static int open_remote(const char *mode, fst_checkpoint **out, fst_error *err)
+{
+	return open_remote_ex(mode, NULL, out, err);
 }
 
 static void reset_server(void)
@@ -305,6 +312,30 @@ static void test_dribbling_server_ends_in_time(void **state)
 	fst_checkpoint_close(ck);
 }
 
+/* Every byte asked for, then a transfer error (a Content-Length one more
+ * than the range, the connection closed): the read is done, with no retry
+ * to wait for or to run out of. */
+static void test_all_bytes_then_an_error(void **state)
+{
+	(void)state;
+	fst_open_opts oo;
+	fst_open_opts_init(&oo);
+	oo.retries = -1;
+	fst_checkpoint *ck;
+	fst_error err;
+	if (open_remote_ex("overdeclared", &oo, &ck, &err))
+		fail_msg("%s", err.message);
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.threads = 2;
+	fst_buffer *buf;
+	if (fst_load(ck, &o, &buf, &err))
+		fail_msg("%s", err.message);
+	check_buffer(buf, false);
+	fst_buffer_release(buf);
+	fst_checkpoint_close(ck);
+}
+
 static void test_cancel_stops_a_stall(void **state)
 {
 	(void)state;
@@ -436,6 +467,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_changed_fails),
 		cmocka_unit_test(test_body_past_its_range_fails),
 		cmocka_unit_test(test_dribbling_server_ends_in_time),
+		cmocka_unit_test(test_all_bytes_then_an_error),
 		cmocka_unit_test(test_cancel_stops_a_stall),
 		cmocka_unit_test(test_refused),
 		cmocka_unit_test(test_file_read),
