@@ -229,6 +229,19 @@ static void capture(void *ctx, int level, const char *message)
 	}
 }
 
+/* fst_checkpoint_open of path with the warnings it logs into lc. */
+static int open_logged(const char *path, fst_checkpoint **c, fst_error *err,
+		       struct log_capture *lc)
+{
+	int level = fst_log_get_level();
+	fst_log_set_level(FST_LOG_WARN);
+	fst_log_set_callback(capture, lc);
+	int rc = fst_checkpoint_open(path, c, err);
+	fst_log_set_callback(NULL, NULL);
+	fst_log_set_level(level);
+	return rc;
+}
+
 static void test_index_ignores_other_files(void **state)
 {
 	(void)state;
@@ -236,15 +249,9 @@ static void test_index_ignores_other_files(void **state)
 	write_two_shards(dir, true);
 	write_shard(join(dir, "consolidated.safetensors"), (const char *const[]){"a", NULL});
 	struct log_capture lc = {0};
-	int level = fst_log_get_level();
-	fst_log_set_level(FST_LOG_WARN);
-	fst_log_set_callback(capture, &lc);
 	fst_checkpoint *c;
 	fst_error err;
-	int rc = fst_checkpoint_open(dir, &c, &err);
-	fst_log_set_callback(NULL, NULL);
-	fst_log_set_level(level);
-	assert_int_equal(rc, 0);
+	assert_int_equal(open_logged(dir, &c, &err, &lc), 0);
 	check_two_shards(c);
 	/* the file the index leaves out is reported, not loaded */
 	assert_int_equal(lc.warnings, 1);
@@ -263,15 +270,9 @@ static void test_unmapped_tensors_kept(void **state)
 		   "{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s1.safetensors\","
 		   " \"c\": \"s2.safetensors\"}}");
 	struct log_capture lc = {0};
-	int level = fst_log_get_level();
-	fst_log_set_level(FST_LOG_WARN);
-	fst_log_set_callback(capture, &lc);
 	fst_checkpoint *c;
 	fst_error err;
-	int rc = fst_checkpoint_open(dir, &c, &err);
-	fst_log_set_callback(NULL, NULL);
-	fst_log_set_level(level);
-	assert_int_equal(rc, 0);
+	assert_int_equal(open_logged(dir, &c, &err, &lc), 0);
 	assert_int_equal(fst_checkpoint_tensor_count(c), 4);
 	assert_true(fst_checkpoint_find(c, "extra") >= 0);
 	assert_int_equal(lc.warnings, 1);
@@ -298,15 +299,9 @@ static void test_index_leaves_a_present_shard_unmapped(void **state)
 	const char *paths[] = {dir, join(dir, "model.safetensors.index.json"), slashed};
 	for (int k = 0; k < 3; k++) {
 		struct log_capture lc = {0};
-		int level = fst_log_get_level();
-		fst_log_set_level(FST_LOG_WARN);
-		fst_log_set_callback(capture, &lc);
 		fst_checkpoint *c;
 		fst_error err;
-		int rc = fst_checkpoint_open(paths[k], &c, &err);
-		fst_log_set_callback(NULL, NULL);
-		fst_log_set_level(level);
-		if (rc)
+		if (open_logged(paths[k], &c, &err, &lc))
 			fail_msg("%s: %s", paths[k], err.message);
 		assert_int_equal(fst_checkpoint_tensor_count(c), 2);
 		assert_int_equal(lc.warnings, 1);

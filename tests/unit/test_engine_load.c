@@ -81,6 +81,18 @@ static void test_random_loads(void **state)
 	assert_int_equal(loads, lh_uring_usable() ? 160 : 120);
 }
 
+/* One fst_load with o, checked whole. */
+static void load_checked(fst_checkpoint *ck, lh_files *fs, const fst_load_opts *o,
+			 const char *ctx)
+{
+	fst_buffer *buf;
+	fst_error err;
+	if (fst_load(ck, o, &buf, &err))
+		fail_msg("%s: %s", ctx, err.message);
+	lh_check_buffer(ck, fs, buf, o, NULL, ctx);
+	fst_buffer_release(buf);
+}
+
 /* Every io method and thread count on one checkpoint with many chunks. */
 static void test_every_io_and_threads(void **state)
 {
@@ -105,12 +117,7 @@ static void test_every_io_and_threads(void **state)
 			o.align = 1u << (2 * t);
 			char ctx[100];
 			snprintf(ctx, sizeof ctx, "io=%s threads=%u", lh_io_name(o.io), t);
-			fst_buffer *buf;
-			fst_error err;
-			if (fst_load(ck, &o, &buf, &err))
-				fail_msg("%s: %s", ctx, err.message);
-			lh_check_buffer(ck, &fs, buf, &o, NULL, ctx);
-			fst_buffer_release(buf);
+			load_checked(ck, &fs, &o, ctx);
 		}
 	lh_files_free(&fs);
 	fst_checkpoint_close(ck);
@@ -139,12 +146,7 @@ static void test_align_past_the_huge_page(void **state)
 			o.align = aligns[a];
 			char ctx[100];
 			snprintf(ctx, sizeof ctx, "io=%s align=%u", lh_io_name(o.io), o.align);
-			fst_buffer *buf;
-			fst_error err;
-			if (fst_load(ck, &o, &buf, &err))
-				fail_msg("%s: %s", ctx, err.message);
-			lh_check_buffer(ck, &fs, buf, &o, NULL, ctx);
-			fst_buffer_release(buf);
+			load_checked(ck, &fs, &o, ctx);
 		}
 	lh_files_free(&fs);
 	fst_checkpoint_close(ck);
