@@ -7,6 +7,7 @@
  */
 #include "net.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,9 +89,14 @@ static char *xml_decode(const char *v, size_t n, bool *bad)
 				bool hex = v[i + 2] == 'x';
 				memcpy(num, v + i + (hex ? 3 : 2), digits - (hex ? 1 : 0) + 1);
 				num[digits - (hex ? 1 : 0)] = '\0';
-				char *end;
-				unsigned long c = strtoul(num, &end, hex ? 16 : 10);
-				if (!*end && *num && c && c <= 0x10ffff) {
+				/* digits only (strtoul would take a sign or spaces), and
+				 * a character: no surrogate half */
+				bool digits_only = *num != '\0';
+				for (const char *d = num; *d; d++)
+					digits_only = digits_only &&
+						      (hex ? isxdigit((unsigned char)*d) : isdigit((unsigned char)*d));
+				unsigned long c = digits_only ? strtoul(num, NULL, hex ? 16 : 10) : 0;
+				if (c && c <= 0x10ffff && (c < 0xd800 || c > 0xdfff)) {
 					put_utf8(&o, c);
 					done = true;
 				}
