@@ -448,9 +448,16 @@ static int cuda_deliver(struct fsti_engine *e, void *state, int s, const struct 
 				      w->load->device);
 	}
 	/* The copies are queued: show the caller the staged bytes meanwhile
-	 * (the slot is not reused before its event). */
-	if (e->opts.on_landed)
-		return fsti_report_landed(e, c, c->file_off, c->file_off + c->len, where, NULL, err);
+	 * (the slot is not reused before its event). A chunk the callback
+	 * refused, or whose later bytes it never saw, is still waited for but
+	 * never counted: its tensors are not handed out. */
+	if (e->opts.on_landed) {
+		int rc = fsti_report_landed(e, c, c->file_off, c->file_off + c->len, where, NULL,
+					    err);
+		if (rc && w->pending[s] == c)
+			w->failed[s] = true;
+		return rc;
+	}
 	return 0;
 }
 

@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -353,6 +354,9 @@ static void engine_free(struct fsti_engine *e)
 {
 	if (!e)
 		return;
+	/* a cancel or progress call from another thread finishes first */
+	while (atomic_load(&e->visitors))
+		sched_yield();
 	fsti_direct_fds_free(e->src.direct);
 	fsti_direct_fds_free(e->disk_src.direct);
 	fsti_presence_leave(e->presence);
@@ -994,11 +998,13 @@ int fst_loader_next(fst_loader *ld, fst_tensor_view *view, fst_error *err)
 
 void fst_loader_progress(const fst_loader *ld, uint64_t *done, uint64_t *total)
 {
-	const struct fsti_engine *e = (const struct fsti_engine *)ld;
+	struct fsti_engine *e = (struct fsti_engine *)ld;
+	atomic_fetch_add(&e->visitors, 1);
 	if (done)
 		*done = atomic_load(&e->bytes_done);
 	if (total)
 		*total = e->plan.total_bytes;
+	atomic_fetch_sub(&e->visitors, 1);
 }
 
 void fst_loader_cancel(fst_loader *ld)
@@ -1006,15 +1012,20 @@ void fst_loader_cancel(fst_loader *ld)
 	struct fsti_engine *e = (struct fsti_engine *)ld;
 	if (!e)
 		return;
+	atomic_fetch_add(&e->visitors, 1);
 	pthread_mutex_lock(&e->lock);
 	if (!e->error) {
 		e->canceled = true;
 		e->error = FST_ECANCELED;
 		fsti_err(&e->first_error, FST_ECANCELED, "load cancelled");
 	}
-	pthread_mutex_unlock(&e->lock);
+	/* the workers told under the lock, in the same step as the error */
 	atomic_store(&e->stop, 1);
 	pthread_cond_broadcast(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	/* the last touch of e: a finish or free waiting in engine_free may
+	 * go on */
+	atomic_fetch_sub(&e->visitors, 1);
 }
 
 /* Wait for the workers, calling progress every 100 ms. */

@@ -152,6 +152,9 @@ struct fsti_engine {
 	atomic_uint_fast64_t bytes_done;
 	atomic_uint_fast64_t *remaining; /* per plan tensor */
 	atomic_int stop;                 /* error or cancel */
+	/* fst_loader_cancel and fst_loader_progress calls from other threads
+	 * in progress: the engine is not freed under them */
+	atomic_int visitors;
 	/* ready queue and the first error */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;

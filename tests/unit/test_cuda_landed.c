@@ -117,6 +117,15 @@ static void landed_fail(const ch_ckpt *c, fst_load_opts *o, unsigned long at, in
 		fst_tensor_view v;
 		while ((rc = fst_loader_next(ld, &v, &err)) == 1) {
 			ch_assert_view(c, &v, 0); /* handed out: whole */
+			/* and reported whole, and not the one refused */
+			size_t entry = (size_t)fst_checkpoint_find(c->ck, v.name);
+			pthread_mutex_lock(&l.lock);
+			bool refused = entry == l.failed_tensor;
+			pthread_mutex_unlock(&l.lock);
+			if (refused || !lh_landed_complete(&l, entry))
+				fail_msg("%s: %s handed out %s", ctx, v.name,
+					 refused ? "though on_landed refused it"
+						 : "before all of it was reported");
 			fst_view_release(&v);
 		}
 		if (rc != want)
