@@ -175,6 +175,31 @@ def test_manifest_through_a_symlink(small, tmp_path):
     assert json.loads(real.read_text())["format"] == "fst-manifest-1"
 
 
+def test_manifest_through_a_dangling_symlink(small, tmp_path):
+    """A link to no file yet: the file it names is made, the link stays."""
+    link = tmp_path / "link.json"
+    link.symlink_to("target.json")  # relative: beside the link
+    r = fst("verify", small, "--manifest", link)
+    assert r.returncode == 0, r.stderr
+    assert link.is_symlink()
+    assert json.loads((tmp_path / "target.json").read_text())["format"] == "fst-manifest-1"
+
+
+def test_manifest_into_this_stdout(small, tmp_path):
+    """--manifest /dev/stdout with stdout a file: the manifest and the text
+    both land in it, in order (a rename had sent the text into a deleted
+    file)."""
+    out = tmp_path / "out.txt"
+    r = run_shell(f'exec "$FST" verify {shlex.quote(str(small))} --manifest /dev/stdout '
+                  f'>{shlex.quote(str(out))}')
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    at = text.index("{\n")  # the text lines, then the manifest
+    assert text.startswith("verified ") and "byte-identical" in text[:at], text[:500]
+    manifest, end = json.JSONDecoder().raw_decode(text[at:])
+    assert manifest["format"] == "fst-manifest-1" and not text[at + end:].strip(), text[-300:]
+
+
 def test_new_manifest_mode_follows_umask(small, tmp_path):
     man = tmp_path / "new.json"
     r = run_shell(f'umask 027; exec "$FST" verify {shlex.quote(str(small))} '

@@ -481,13 +481,42 @@ static int dump(const json_t *doc, size_t flags, FILE *f)
 	return !ferror(f) ? ENOMEM : errno ? errno : EIO;
 }
 
+/* The file path names: path itself, or where a symbolic link to no file
+ * points (the file the link will then name), relative to the link's
+ * folder. NULL with errno set on failure. */
+static char *dangling_target(const char *path)
+{
+	struct stat st;
+	if (lstat(path, &st) || !S_ISLNK(st.st_mode))
+		return strdup(path);
+	char link[4096];
+	ssize_t n = readlink(path, link, sizeof link - 1);
+	if (n < 0)
+		return NULL;
+	link[n] = '\0';
+	const char *slash = strrchr(path, '/');
+	if (link[0] == '/' || !slash)
+		return strdup(link);
+	size_t dir = (size_t)(slash - path) + 1, len = dir + (size_t)n + 1;
+	char *t = malloc(len);
+	if (t)
+		snprintf(t, len, "%.*s%s", (int)dir, path, link);
+	return t;
+}
+
 int cli_write_json_file(const char *path, const json_t *doc, size_t flags)
 {
 	/* Not a regular file (/dev/stdout, a FIFO, /dev/full): written in
 	 * place, since renaming over it would replace the device or pipe. A
 	 * symbolic link is followed, so the file it names is replaced. */
-	struct stat st;
+	struct stat st, out;
 	bool exists = stat(path, &st) == 0;
+	/* this process's own stdout (/dev/stdout, or the file it is
+	 * redirected to): through its stream, in order with the text, which a
+	 * rename would send into a deleted file */
+	if (exists && !fstat(STDOUT_FILENO, &out) && out.st_dev == st.st_dev &&
+	    out.st_ino == st.st_ino)
+		return dump(doc, flags, stdout);
 	if (exists && !S_ISREG(st.st_mode)) {
 		FILE *f = fopen(path, "w");
 		if (!f)
@@ -497,7 +526,7 @@ int cli_write_json_file(const char *path, const json_t *doc, size_t flags)
 			rc = errno ? errno : EIO;
 		return rc;
 	}
-	char *target = exists ? realpath(path, NULL) : strdup(path);
+	char *target = exists ? realpath(path, NULL) : dangling_target(path);
 	if (!target)
 		return errno;
 	size_t len = strlen(target) + sizeof ".tmp.XXXXXX";
