@@ -471,6 +471,71 @@ def test_bench_on_the_gpu_double(small, cuda_double):
     assert r.stdout == ""
 
 
+def test_bench_many_small_tensors(tmp_path):
+    """The reused-memory row has room for every tensor's alignment: a model
+    of 80,000 one-byte tensors needs more than its file's bytes."""
+    import numpy as np
+    import fsttest
+    p = tmp_path / "many.safetensors"
+    fsttest.write_safetensors(p, [(f"s{i}", "U8", (1,), bytes([i % 256])) for i in range(80000)])
+    r = fst("bench", p, "--runs", "1", "--no-cold", "--no-reference", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = {x["name"]: x for x in json.loads(r.stdout)["rows"]}
+    assert rows["fst load (warm, reused memory)"]["gbps"] > 0, rows
+
+
+def test_bench_failed_rows_say_why(small, tmp_path):
+    """Every row whose load failed says "failed: MESSAGE", the --check rows
+    and the reused-memory one too."""
+    other = tmp_path / "other"
+    r = fst("gen", other, "--size", "2MiB", "--seed", "99")
+    assert r.returncode == 0, r.stderr
+    man = tmp_path / "other.json"
+    assert fst("verify", other, "--manifest", man).returncode == 0
+    r = fst("bench", small, "--runs", "1", "--no-cold", "--no-reference", "--json",
+            "--check", man, timeout=300)
+    assert r.returncode == 3, r.stderr
+    rows = {x["name"]: x for x in json.loads(r.stdout)["rows"]}
+    assert rows["fst load --check (warm)"]["notes"].startswith("failed: "), rows
+
+
+def test_bench_keeps_the_whole_path_chosen(small, cuda_double):
+    """The note of a GPU load is the whole path chosen, as fst load gives
+    it (it was cut at 199 characters)."""
+    env = {"FST_CUDA_LIBRARY": cuda_double}
+    r = fst("load", small, "--device", "cuda:0", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    chosen = json.loads(r.stdout)["path_chosen"]
+    r = fst("bench", small, "--runs", "1", "--no-cold", "--no-reference", "--device", "cuda:0",
+            "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    rows = {x["name"]: x for x in json.loads(r.stdout)["rows"]}
+    note = rows["fst load (warm)"]["notes"]
+    assert len(chosen) > 200 and note == chosen, (note, chosen)
+
+
+def test_verify_checks_the_hash_kernel_first(tmp_path):
+    import numpy as np
+    import fsttest
+    p = tmp_path / "none.safetensors"
+    fsttest.write_safetensors(p, [])
+    for args in (("--hash",), ("--manifest", tmp_path / "m.json")):
+        r = fst("verify", p, *args, env={"FST_HASH_KERNEL": "bogus"})
+        assert r.returncode == 1 and "FST_HASH_KERNEL" in r.stderr, r.stderr
+        assert r.stdout == "" and not (tmp_path / "m.json").exists()
+
+
+def test_doctor_tries_o_direct_beside_a_file_of_any_name(tmp_path):
+    import numpy as np
+    import fsttest
+    p = tmp_path / "weights"
+    fsttest.write_safetensors(p, [("a", "U8", (1,), b"x")])
+    for target in (p, "http://127.0.0.1:9/x.safetensors"):  # a port that refuses
+        r = fst("doctor", target)
+        line = [x for x in r.stdout.splitlines() if "O_DIRECT" in x]
+        assert line and "cannot create a file" not in line[0], r.stdout
+
+
 def fs_type(path):
     r = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True)
     return r.stdout.strip() if r.returncode == 0 else "?"

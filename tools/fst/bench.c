@@ -285,7 +285,7 @@ static double fst_once(const char *path, const fst_load_opts *lo, const char *ma
 	double dt = cli_now() - t0;
 	if (*rc) {
 		cli_error("bench", "%s", err.message);
-		snprintf(why, whylen, "failed: %.180s", err.message);
+		snprintf(why, whylen, "failed: %s", err.message);
 		return 0;
 	}
 	snprintf(why, whylen, "%s", fst_buffer_describe(buf));
@@ -435,7 +435,7 @@ static void reuse_free(void *ctx, void *ptr, uint64_t size, int device_type, int
 struct row {
 	const char *name;
 	double secs;
-	char note[320]; /* room for a skipped row's reason (200) */
+	char note[FST_ERROR_MSG_MAX + 64]; /* a path chosen, or why it failed or was skipped */
 };
 
 /* One bench: what was asked, and what was measured. */
@@ -457,7 +457,7 @@ struct bench {
 	struct row *pread_limit, *h2d, *fst_warm, *checked_warm, *reused, *checked_reused,
 		*ref_warm, *odirect, *fst_cold;
 	double warm_resident, cold_resident;
-	char why[200]; /* the last load's path chosen, or why it failed or was skipped */
+	char why[FST_ERROR_MSG_MAX + 16]; /* the last load's path chosen, or why it failed */
 	int rc;        /* the exit code so far */
 };
 
@@ -472,6 +472,14 @@ static struct row *add_row(struct bench *b, const char *name, double secs, const
 	vsnprintf(r->note, sizeof r->note, fmt, ap);
 	va_end(ap);
 	return r;
+}
+
+/* A row whose load failed (the exit code moved from before) says why, as
+ * cli.md has it: "failed: MESSAGE". */
+static void note_failure(struct bench *b, struct row *r, int before)
+{
+	if (b->rc != before)
+		snprintf(r->note, sizeof r->note, "%s", b->why);
 }
 
 static struct row *skipped_row(struct bench *b, const char *name, const char *why)
@@ -562,13 +570,13 @@ static int prepare(struct bench *b)
 	b->remote = fst_file_is_remote(fst_checkpoint_file(ck, 0));
 	b->nfiles = fst_checkpoint_file_count(ck);
 	rc = b->remote ? EXIT_OK : collect_files(ck, &b->fs);
-	if (b->remote) {
+	/* room for the reused-memory load: the tensors, each aligned (a
+	 * model of many small tensors needs more than its files' bytes) */
+	b->span = (b->tensor_bytes + 256 * (uint64_t)fst_checkpoint_tensor_count(ck) +
+		   (32u << 20)) & ~(uint64_t)((16u << 20) - 1);
+	if (b->remote)
 		for (size_t i = 0; i < fst_checkpoint_file_count(ck); i++)
 			b->fs.total += fst_file_size(fst_checkpoint_file(ck, i));
-		/* room for the reused-memory load: the tensors, each aligned */
-		b->span = (b->tensor_bytes + 256 * (uint64_t)fst_checkpoint_tensor_count(ck) +
-			   (32u << 20)) & ~(uint64_t)((16u << 20) - 1);
-	}
 	fst_checkpoint_close(ck);
 	if (rc) {
 		cli_error("bench", "out of memory");
@@ -584,8 +592,10 @@ static int prepare(struct bench *b)
 /* The limit's destination: every file's bytes, faulted in before timing. */
 static int alloc_limit(struct bench *b)
 {
+	uint64_t files = 0;
 	for (size_t i = 0; i < b->fs.n; i++)
-		b->span += (b->fs.size[i] + (16u << 20) - 1) / (16u << 20) * (16u << 20);
+		files += (b->fs.size[i] + (16u << 20) - 1) / (16u << 20) * (16u << 20);
+	b->span = files > b->span ? files : b->span;
 	char *dst = mmap(NULL, b->span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (dst == MAP_FAILED) {
 		cli_error("bench", "cannot allocate %" PRIu64 " bytes for the limit", b->span);
@@ -644,9 +654,11 @@ static void measure_fst_reused(struct bench *b)
 	fst_allocator a = {reuse_alloc, reuse_free, &ru};
 	fst_load_opts lr = b->lo;
 	lr.allocator = &a;
+	int before = b->rc;
 	double best = fst_best(b->path, &lr, NULL, b->runs, b->why, sizeof b->why, NULL, &b->rc);
 	b->reused = add_row(b, "fst load (warm, reused memory)", best,
 			    "into memory already faulted in (an allocator hook)");
+	note_failure(b, b->reused, before);
 	if (b->manifest && b->rc == EXIT_OK) {
 		best = fst_best(b->path, &lr, b->manifest, b->runs, b->why, sizeof b->why, NULL,
 				&b->rc);
@@ -654,6 +666,7 @@ static void measure_fst_reused(struct bench *b)
 					    "the same, block trees hashed as the bytes land, "
 					    "against %s",
 					    cli_basename(b->manifest));
+		note_failure(b, b->checked_reused, EXIT_OK);
 	}
 }
 
@@ -672,6 +685,7 @@ static void measure_fst_warm(struct bench *b)
 		b->checked_warm = add_row(b, "fst load --check (warm)", best,
 					  "the same, block trees hashed as the bytes land, against %s",
 					  cli_basename(b->manifest));
+		note_failure(b, b->checked_warm, EXIT_OK);
 	}
 	if (!strcmp(b->device, "cpu") && b->rc == EXIT_OK && b->lo.io != FST_IO_MMAP)
 		measure_fst_reused(b);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void help(FILE *out)
@@ -275,13 +276,15 @@ static bool report_host(json_t *out, const char *path, bool as_json, int gpus, b
 	char dir[4096];
 	const char *tmp = getenv("TMPDIR");
 	snprintf(dir, sizeof dir, "%s", tmp && *tmp ? tmp : "/tmp");
-	if (path) {
+	/* PATH's folder when it is a local file, PATH when a directory; a URL
+	 * or a path that is not there: the temp directory */
+	struct stat st;
+	if (path && !strstr(path, "://") && !stat(path, &st)) {
 		snprintf(dir, sizeof dir, "%s", path);
 		char *slash = strrchr(dir, '/');
-		bool file = strstr(path, ".safetensors") || strstr(path, ".json");
-		if (file && slash)
+		if (!S_ISDIR(st.st_mode) && slash)
 			*slash = '\0';
-		else if (file)
+		else if (!S_ISDIR(st.st_mode))
 			snprintf(dir, sizeof dir, ".");
 	}
 	struct {

@@ -228,6 +228,13 @@ static int parse_args(int argc, char **argv, struct verify_args *a, bool *done)
 		return EXIT_USAGE;
 	}
 	a->path = argv[optind];
+	/* hashes asked for: the kernel is checked now, not after the load and
+	 * the comparison (nor never, for a checkpoint of no tensor) */
+	const char *why = NULL;
+	if (a->hash && !cli_xxh3(&why)) {
+		cli_error("verify", "%s (FST_HASH_KERNEL=%s)", why, getenv("FST_HASH_KERNEL"));
+		return EXIT_USAGE;
+	}
 	*done = false;
 	return EXIT_OK;
 }
