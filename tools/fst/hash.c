@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- choosing a kernel */
@@ -598,12 +599,30 @@ int cli_load_checked(const fst_checkpoint *ck, const fst_load_opts *lo, const ch
 	pthread_t t[16];
 	int started = 0;
 	for (int i = 0; i < n; i++)
-		if (pthread_create(&t[i], NULL, check_main, &k) == 0)
+		if (pthread_create(&t[started], NULL, check_main, &k) == 0)
 			started++;
 	if (!started)
 		check_main(&k);
-	for (int i = 0; i < started; i++)
-		pthread_join(t[i], NULL);
+	/* the progress the caller asked for, meanwhile (fst_loader_finish
+	 * reports only its own wait, which comes after) */
+	for (int i = 0; i < started; i++) {
+		for (;;) {
+			struct timespec until;
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_nsec += 100 * 1000000;
+			if (until.tv_nsec >= 1000000000) {
+				until.tv_sec++;
+				until.tv_nsec -= 1000000000;
+			}
+			if (pthread_timedjoin_np(t[i], NULL, &until) != ETIMEDOUT)
+				break;
+			if (lo->progress) {
+				uint64_t done, total;
+				fst_loader_progress(k.ld, &done, &total);
+				lo->progress(lo->progress_ctx, done, total);
+			}
+		}
+	}
 	*checked = k.checked;
 	if (k.rc) {
 		fst_loader_free(k.ld);
