@@ -301,6 +301,11 @@ static size_t rank_pieces(const struct fsti_dist *d, int rank, bool scratch, siz
 /* One sharded load. */
 struct sharded {
 	const char *fn; /* the caller's name, for messages */
+	/* the caller's progress, over all of this rank's reads: each group's
+	 * load reports its own, from progress_base on */
+	void (*progress)(void *ctx, uint64_t done, uint64_t total);
+	void *progress_ctx;
+	uint64_t progress_base, progress_total;
 	const fst_checkpoint *ck;
 	fst_comm *c;
 	/* the node's communicator, or NULL: the broadcasts' (bc) is then c */
@@ -404,6 +409,15 @@ static int node_check(const struct sharded *s, fst_error *err)
 	return 0;
 }
 
+/* A group's load's progress as the caller's, over all of the rank's reads:
+ * it only grows, to the rank's total. */
+static void group_progress(void *ctx, uint64_t done, uint64_t total)
+{
+	(void)total;
+	struct sharded *s = ctx;
+	s->progress(s->progress_ctx, s->progress_base + done, s->progress_total);
+}
+
 /* The options first (the one check fst_load makes, so a bad struct is
  * refused before comm is touched), then the arguments and the
  * communicators; the device is the communicator's, and reads are staged. */
@@ -431,6 +445,12 @@ static int sharded_check(struct sharded *s, const fst_load_opts *opts, fst_buffe
 	snprintf(s->device, sizeof s->device, "cuda:%d", s->c->device);
 	s->opts.device = s->device;
 	s->opts.gds = FST_GDS_OFF; /* pieces go through staging */
+	if (s->opts.progress) {
+		s->progress = s->opts.progress;
+		s->progress_ctx = s->opts.progress_ctx;
+		s->opts.progress = group_progress;
+		s->opts.progress_ctx = s;
+	}
 	return 0;
 }
 
@@ -448,6 +468,12 @@ static int sharded_buffer(struct sharded *s, fst_error *err)
 	s->pieces = fsti_calloc(s->d.n + 1, sizeof *s->pieces);
 	if (!s->pieces)
 		return fsti_err(err, FST_ENOMEM, "out of memory");
+	s->progress_total = 0;
+	for (int into_scratch = 0; into_scratch < 2; into_scratch++) {
+		size_t np = rank_pieces(&s->d, s->c->rank, into_scratch, 0, s->d.n, s->pieces);
+		for (size_t i = 0; i < np; i++)
+			s->progress_total += s->pieces[i].nbytes;
+	}
 	int rc = fsti_buffer_new_sharded(s->ck, &s->d, &s->b, err);
 	if (rc)
 		return rc;
@@ -518,6 +544,8 @@ static void read_group(struct sharded *s, size_t i0, size_t i1)
 								   : s->b->base,
 						      into_scratch ? s->d.scratch_bytes : s->b->size,
 						      &s->rerr);
+		for (size_t i = 0; i < np; i++)
+			s->progress_base += s->pieces[i].nbytes;
 	}
 	fsti_cuda_use_device(s->c->cu, s->c->device, NULL); /* loads give the context back */
 }

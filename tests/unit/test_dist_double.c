@@ -51,7 +51,15 @@ struct scenario {
 	bool again;           /* every rank that took part loads a second time */
 };
 
+/* What a rank's progress callback saw. */
+struct progress_seen {
+	uint64_t done, total;
+	int calls;
+	bool backwards, total_moved;
+};
+
 struct rank_out {
+	struct progress_seen progress;
 	int rc, rc2;
 	fst_error err, err2;
 	double secs;
@@ -87,9 +95,24 @@ static fst_load_opts opts(void)
 	return o;
 }
 
-static int load(struct run *run, fst_comm *comm, fst_comm *node, fst_buffer **buf, fst_error *err)
+static void seen_progress(void *ctx, uint64_t done, uint64_t total)
+{
+	struct progress_seen *p = ctx;
+	if (p->calls && done < p->done)
+		p->backwards = true;
+	if (p->calls && total != p->total)
+		p->total_moved = true;
+	p->done = done;
+	p->total = total;
+	p->calls++;
+}
+
+static int load(struct run *run, fst_comm *comm, fst_comm *node, fst_buffer **buf, fst_error *err,
+		struct progress_seen *seen)
 {
 	fst_load_opts o = opts();
+	o.progress = seen_progress;
+	o.progress_ctx = seen;
 	if (node)
 		return fst_load_sharded_nodes(run->c->ck, &o, comm, node, run->dims, buf, err);
 	return fst_load_sharded(run->c->ck, &o, comm, run->dims, buf, err);
@@ -151,10 +174,10 @@ static void *rank_main(void *arg)
 	} else {
 		count(run, &run->ready);
 		double t0 = test_now_s();
-		out->rc = load(run, comm, node, &out->buf, &out->err);
+		out->rc = load(run, comm, node, &out->buf, &out->err, &out->progress);
 		out->secs = test_now_s() - t0;
 		if (sc->again)
-			out->rc2 = load(run, comm, node, &out->buf2, &out->err2);
+			out->rc2 = load(run, comm, node, &out->buf2, &out->err2, &out->progress);
 		count(run, &run->finished);
 	}
 	if (node != comm)
@@ -369,6 +392,18 @@ static void test_loads(void **state)
 				 sc->node_size ? ", in nodes of" : ":");
 			assert_has(d, want);
 			group += read_bytes(run.out[r].buf);
+			/* progress over all of the rank's reads: it only grows, to
+			 * what the rank read */
+			const struct progress_seen *p = &run.out[r].progress;
+			if (p->backwards || p->total_moved || p->done != p->total ||
+			    p->total != read_bytes(run.out[r].buf))
+				fail_msg("%s: rank %d: progress %s; last %" PRIu64 " of %" PRIu64
+					 ", read %" PRIu64,
+					 sc->name, r,
+					 p->backwards	  ? "went back"
+					 : p->total_moved ? "changed its total"
+							  : "ended elsewhere",
+					 p->done, p->total, read_bytes(run.out[r].buf));
 		}
 		for (int first = 0; first < WORLD; first += ns) {
 			uint64_t sum = 0, shards = 0;
