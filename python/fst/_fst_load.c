@@ -274,6 +274,40 @@ PyObject *fstpy_wrap_buffer(fst_buffer *b)
 	return (PyObject *)o;
 }
 
+/* A load's wait, every 100 ms (the progress callback's beat): Python's
+ * signal handlers run, and one that raises (Ctrl-C's KeyboardInterrupt)
+ * cancels the load, its exception kept for the caller. Handlers run on the
+ * main thread only: elsewhere this does nothing. */
+struct interruptible {
+	fst_loader *ld;
+	PyObject *raised; /* the handler's exception, or NULL */
+};
+
+static void check_signals(void *ctx, uint64_t done, uint64_t total)
+{
+	(void)done, (void)total;
+	struct interruptible *in = ctx;
+	if (in->raised)
+		return;
+	PyGILState_STATE g = PyGILState_Ensure();
+	if (PyErr_CheckSignals() < 0) {
+#if PY_VERSION_HEX >= 0x030C0000
+		in->raised = PyErr_GetRaisedException();
+#else
+		PyObject *type, *value, *trace;
+		PyErr_Fetch(&type, &value, &trace);
+		PyErr_NormalizeException(&type, &value, &trace);
+		if (value && trace)
+			PyException_SetTraceback(value, trace);
+		Py_XDECREF(type);
+		Py_XDECREF(trace);
+		in->raised = value ? value : Py_NewRef(PyExc_KeyboardInterrupt);
+#endif
+		fst_loader_cancel(in->ld);
+	}
+	PyGILState_Release(g);
+}
+
 PyObject *fstpy_load(PyObject *mod, PyObject *args, PyObject *kw)
 {
 	(void)mod;
@@ -286,10 +320,25 @@ PyObject *fstpy_load(PyObject *mod, PyObject *args, PyObject *kw)
 	fst_buffer *buf = NULL;
 	fst_error err;
 	int rc;
+	struct interruptible in = {NULL, NULL};
+	la.opts.progress = check_signals;
+	la.opts.progress_ctx = &in;
 	Py_BEGIN_ALLOW_THREADS
-	rc = fst_load(ck->ck, &la.opts, &buf, &err);
+	rc = fst_load_start(ck->ck, &la.opts, &in.ld, &err);
+	if (!rc)
+		rc = fst_loader_finish(in.ld, &buf, &err);
 	Py_END_ALLOW_THREADS
 	free_load_args(&la);
+	if (in.raised) {
+		fst_buffer_release(buf); /* a cancel that came after the last byte */
+#if PY_VERSION_HEX >= 0x030C0000
+		PyErr_SetRaisedException(in.raised);
+#else
+		PyErr_SetObject((PyObject *)Py_TYPE(in.raised), in.raised);
+		Py_DECREF(in.raised);
+#endif
+		return NULL;
+	}
 	if (rc)
 		return fstpy_raise_at(rc, &err, ck->ck, NULL);
 	return fstpy_wrap_buffer(buf);

@@ -337,3 +337,43 @@ assert calls[0][1] >= sum(len(v[2]) // 2 for v in want.values())
 print("ok", sys.getrefcount(alloc), sys.getrefcount(free))
 """)
     assert out.strip() == "ok 2 2"
+
+
+def test_ctrl_c_stops_a_load(cuda_double, gen_dir):
+    """Ctrl-C (SIGINT) during a load raises KeyboardInterrupt within a beat
+    of the load's wait (100 ms), not once every byte is in: here a load the
+    double's slowed copies stretch to seconds. The process loads again
+    after, and nothing of the interrupted load is left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    ck = gen_dir(shards=1, seed=52, size="8MiB")
+    code = f"""
+import time, fst
+ck = fst._fst.Checkpoint({str(ck)!r})
+t0 = time.time()
+print("start", flush=True)
+try:
+    fst._fst.load(ck, device="cuda:0", threads=1, chunk_bytes=4096)
+    print("finished %.2f" % (time.time() - t0), flush=True)
+except KeyboardInterrupt:
+    print("interrupted %.2f" % (time.time() - t0), flush=True)
+import os
+os.environ["FST_DOUBLE_DELAY_US"] = "0"
+buf = fst._fst.load(ck, device="cuda:1")
+print("again", len(buf.names()), flush=True)
+"""
+    env = dict(os.environ, FST_CUDA_LIBRARY=cuda_double, FST_DOUBLE_DELAY_US="3000")
+    env.pop("FST_FAULT", None)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline().strip() == "start"
+    time.sleep(0.8)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    lines = out.split("\n")
+    assert lines[0].startswith("interrupted "), out + err[-2000:]
+    assert float(lines[0].split()[1]) < 2.5, out
+    assert lines[1].startswith("again ") and int(lines[1].split()[1]) > 0, out + err[-2000:]
