@@ -328,6 +328,13 @@ def test_url_secrets_are_not_shown(fault, root, fst_env):
     assert shards and not [p for p in shards if "?" in p], shards
     assert [x for x in lines if x["path"].endswith("?X-Amz-Signature=s3cr3t/x")]
     import fst
+    good = f"http://alice:hunter2@{host}/ok/one/model.safetensors?sig=s3cr3t"
+    for call in (lambda: fst.load(good, framework="numpy", names=["typo"]),
+                 lambda: dict(fst.iter_tensors(good, framework="numpy", names=["typo"]))):
+        with pytest.raises(fst.UsageError) as e:
+            call()
+        assert "hunter2" not in str(e.value) and "s3cr3t" not in str(e.value), str(e.value)
+        assert f"alice:***@{host}" in str(e.value), str(e.value)
     with pytest.raises(FileNotFoundError) as e:
         fst.load(bad, framework="numpy")
     assert "hunter2" not in repr(e.value) and "s3cr3t" not in repr(e.value), repr(e.value)
