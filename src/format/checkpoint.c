@@ -35,7 +35,9 @@ struct fst_checkpoint {
 	 * the one connection every request of the open goes through */
 	struct fsti_remote *remote;
 	struct fsti_conn *conn;
-	char *const *present; /* a listed S3 folder's names, for the index check */
+	/* a listed folder's names (S3's, or a directory's *.safetensors), for
+	 * its index */
+	char *const *present;
 	size_t npresent;
 };
 
@@ -344,6 +346,17 @@ static int list_entry(struct listing *l, const char *name, fst_error *err)
 	return 0;
 }
 
+/* d's entries into l; d closed. */
+static int list_dir(DIR *d, struct listing *l, fst_error *err)
+{
+	int rc = 0;
+	struct dirent *e;
+	while (!rc && (e = readdir(d)))
+		rc = list_entry(l, e->d_name, err);
+	closedir(d);
+	return rc;
+}
+
 /* Shards beside an index that the index does not name are not loaded: say
  * so, since a stale or hand-edited index would otherwise drop them unseen. */
 static void count_unlisted(const char *name, char *const *listed, size_t nlisted, size_t *extra,
@@ -391,13 +404,12 @@ static int add_file(fst_checkpoint *c, const char *path, size_t cap, fst_error *
 /* An index larger than this is no index (a 100,000-tensor one is ~10 MB). */
 #define INDEX_MAX (256u << 20)
 
-/* A local index: a regular file (a FIFO would block the open, a directory
- * read as empty JSON) of at most INDEX_MAX bytes, read whole. *root NULL
- * with jerr set where it is not JSON. */
-static int read_local_index(const char *index_path, json_t **root, json_error_t *jerr,
-			    fst_error *err)
+/* A local index's bytes: a regular file (a FIFO would block the open, a
+ * directory read as empty JSON) of at most INDEX_MAX bytes, read whole
+ * into *text (fsti_free it), *len of them. */
+static int read_local_index(const char *index_path, char **text, size_t *len, fst_error *err)
 {
-	*root = NULL;
+	*text = NULL;
 	int fault = fsti_fault("open");
 	int fd = fault ? (errno = fault, -1) : open(index_path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	if (fd < 0)
@@ -413,47 +425,34 @@ static int read_local_index(const char *index_path, json_t **root, json_error_t 
 		rc = fsti_err(err, FST_EFORMAT,
 			      "%s: %" PRIu64 " bytes, more than the %u read of an index",
 			      index_path, (uint64_t)st.st_size, INDEX_MAX);
-	char *text = rc ? NULL : fsti_malloc((size_t)st.st_size + 1);
-	if (!rc && !text)
+	if (!rc && !(*text = fsti_malloc((size_t)st.st_size + 1)))
 		rc = fsti_err(err, FST_ENOMEM, "%s: out of memory", index_path);
-	size_t len = 0;
-	while (!rc && len < (size_t)st.st_size) {
-		fault = fsti_fault("read");
-		ssize_t got = fault ? (errno = fault, -1)
-				    : read(fd, text + len, (size_t)st.st_size - len);
-		if (got < 0 && errno == EINTR)
-			continue;
-		if (got < 0)
-			rc = fsti_err_sys(err, FST_EIO, errno, "%s: cannot read", index_path);
-		else if (!got)
-			break; /* shorter now: what there is, as JSON */
-		else
-			len += (size_t)got;
-	}
+	/* shorter now: what there is, as JSON */
+	int64_t got = rc ? 0 : fsti_pread_full(fd, *text, (size_t)st.st_size, 0);
+	if (got < 0)
+		rc = fsti_err_sys(err, FST_EIO, (int)-got, "%s: cannot read", index_path);
 	close(fd);
-	if (!rc)
-		*root = json_loadb(text, len, JSON_REJECT_DUPLICATES, jerr);
-	fsti_free(text);
+	if (rc) {
+		fsti_free(*text);
+		*text = NULL;
+	}
+	*len = rc ? 0 : (size_t)got;
 	return rc;
 }
 
 static int load_index(const fst_checkpoint *c, const char *index_path, json_t **root,
 		      fst_error *err)
 {
+	char *text;
+	size_t len;
+	int rc = c->remote ? fsti_object_fetch(c->conn, c->remote, index_path, INDEX_MAX, &text,
+					       &len, err)
+			   : read_local_index(index_path, &text, &len, err);
+	if (rc)
+		return rc;
 	json_error_t jerr;
-	if (c->remote) {
-		char *text;
-		size_t len;
-		int rc = fsti_object_fetch(c->conn, c->remote, index_path, INDEX_MAX, &text, &len, err);
-		if (rc)
-			return rc;
-		*root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-		fsti_free(text);
-	} else {
-		int rc = read_local_index(index_path, root, &jerr, err);
-		if (rc)
-			return rc;
-	}
+	*root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+	fsti_free(text);
 	if (!*root)
 		return fsti_err(err, FST_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)",
 				index_path, jerr.text, jerr.line, jerr.column);
@@ -476,8 +475,6 @@ static int weight_map(const char *index_path, json_t *root, json_t **map, fst_er
 	return 0;
 }
 
-/* The shard names of map, each once, sorted, into *out (fsti_free it; the
- * names are map's). */
 /* name without "." parts and empty ones ("./a", "sub//a"): one file, one
  * spelling, so that it is opened once. NULL when out of memory. */
 static char *plain_shard_name(const char *name)
@@ -499,6 +496,8 @@ static char *plain_shard_name(const char *name)
 	return out;
 }
 
+/* The shard names of map, each once, sorted, into *out (fsti_free it; the
+ * names are map's). */
 static int shard_names(const char *index_path, json_t *map, char ***out, size_t *n,
 		       fst_error *err)
 {
@@ -646,11 +645,7 @@ static int names_beside(const fst_checkpoint *c, const char *dir, struct listing
 	DIR *d = opendir(dir);
 	if (!d)
 		return 0; /* nothing beside it to tell of */
-	int rc = 0;
-	struct dirent *e;
-	while (!rc && (e = readdir(d)))
-		rc = list_entry(own, e->d_name, err);
-	closedir(d);
+	int rc = list_dir(d, own, err);
 	*names = own->names;
 	*n = own->n;
 	return rc;
@@ -721,10 +716,10 @@ static int list_folder(fst_checkpoint *c, const char *dir, struct listing *l, ch
 	DIR *d = opendir(dir);
 	if (!d)
 		return fsti_err_sys(err, FST_EIO, errno, "%s: cannot open directory", dir);
-	struct dirent *e;
-	while (!rc && (e = readdir(d)))
-		rc = list_entry(l, e->d_name, err);
-	closedir(d);
+	rc = list_dir(d, l, err);
+	/* its *.safetensors names, for an index in it (names_beside) */
+	c->present = l->names;
+	c->npresent = l->n;
 	return rc;
 }
 

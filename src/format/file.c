@@ -80,8 +80,7 @@ static int check_lengths(const char *name, uint64_t size, const unsigned char *p
 	return 0;
 }
 
-/* pread until len bytes or end of file; returns bytes read or -errno. */
-static int64_t pread_full(int fd, void *buf, size_t len, uint64_t off)
+int64_t fsti_pread_full(int fd, void *buf, size_t len, uint64_t off)
 {
 	size_t done = 0;
 	while (done < len) {
@@ -188,7 +187,7 @@ static int open_from_fd(fst_file *f, fst_error *err)
 	f->nlink = (uint64_t)st.st_nlink;
 
 	unsigned char prefix[8] = {0};
-	int64_t got = pread_full(f->fd, prefix, 8, 0);
+	int64_t got = fsti_pread_full(f->fd, prefix, 8, 0);
 	if (got < 0)
 		return fsti_err_sys(err, FST_EIO, (int)-got, "%s: cannot read the header length",
 				    f->path);
@@ -202,7 +201,7 @@ static int open_from_fd(fst_file *f, fst_error *err)
 	if (!header)
 		return fsti_err(err, FST_ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header",
 				f->path, hlen);
-	got = pread_full(f->fd, header, hlen, 8);
+	got = fsti_pread_full(f->fd, header, hlen, 8);
 	if (got < 0 || (uint64_t)got != hlen) {
 		fsti_free(header);
 		if (got < 0)
@@ -392,7 +391,7 @@ int fst_file_read(const fst_file *f, uint64_t off, void *dst, uint64_t len, fst_
 		return 0;
 	}
 	if (!f->remote) {
-		int64_t got = pread_full(f->fd, dst, (size_t)len, off);
+		int64_t got = fsti_pread_full(f->fd, dst, (size_t)len, off);
 		if (got < 0)
 			return fsti_err_sys(err, FST_EIO, (int)-got,
 					    "%s: read of %" PRIu64 " bytes at offset %" PRIu64 " failed",

@@ -69,6 +69,9 @@ int fsti_file_check_unchanged(const fst_file *f, const char *when, fst_error *er
  * ctime_ns (the coarse clock reads now_ns): the change is at most a few
  * ticks ahead, not a clock skewed into the future. */
 bool fsti_ctime_unsettled(uint64_t ctime_ns, uint64_t now_ns);
+/* pread until len bytes or the end of the file (the "read" fault site);
+ * the bytes read, or -errno. */
+int64_t fsti_pread_full(int fd, void *buf, size_t len, uint64_t off);
 /* Open the remote file url with r's configuration over connection c. */
 int fsti_file_open_remote(const char *url, struct fsti_remote *r, struct fsti_conn *c,
 			  fst_file **out, fst_error *err);
