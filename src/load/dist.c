@@ -296,6 +296,14 @@ static size_t rank_pieces(const struct fsti_dist *d, int rank, bool scratch, siz
 	return n;
 }
 
+static uint64_t pieces_bytes(const struct fsti_plan_tensor *p, size_t n)
+{
+	uint64_t bytes = 0;
+	for (size_t i = 0; i < n; i++)
+		bytes += p[i].nbytes;
+	return bytes;
+}
+
 /* ---- collectives */
 
 /* One sharded load. */
@@ -471,8 +479,7 @@ static int sharded_buffer(struct sharded *s, fst_error *err)
 	s->progress_total = 0;
 	for (int into_scratch = 0; into_scratch < 2; into_scratch++) {
 		size_t np = rank_pieces(&s->d, s->c->rank, into_scratch, 0, s->d.n, s->pieces);
-		for (size_t i = 0; i < np; i++)
-			s->progress_total += s->pieces[i].nbytes;
+		s->progress_total += pieces_bytes(s->pieces, np);
 	}
 	int rc = fsti_buffer_new_sharded(s->ck, &s->d, &s->b, err);
 	if (rc)
@@ -544,8 +551,7 @@ static void read_group(struct sharded *s, size_t i0, size_t i1)
 								   : s->b->base,
 						      into_scratch ? s->d.scratch_bytes : s->b->size,
 						      &s->rerr);
-		for (size_t i = 0; i < np; i++)
-			s->progress_base += s->pieces[i].nbytes;
+		s->progress_base += pieces_bytes(s->pieces, np);
 	}
 	fsti_cuda_use_device(s->c->cu, s->c->device, NULL); /* loads give the context back */
 }
