@@ -7,7 +7,6 @@
  */
 #include "net.h"
 
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,10 +90,8 @@ static char *xml_decode(const char *v, size_t n, bool *bad)
 				num[digits - (hex ? 1 : 0)] = '\0';
 				/* digits only (strtoul would take a sign or spaces), and
 				 * a character: no surrogate half */
-				bool digits_only = *num != '\0';
-				for (const char *d = num; *d; d++)
-					digits_only = digits_only &&
-						      (hex ? isxdigit((unsigned char)*d) : isdigit((unsigned char)*d));
+				const char *allowed = hex ? "0123456789abcdefABCDEF" : "0123456789";
+				bool digits_only = *num && !num[strspn(num, allowed)];
 				unsigned long c = digits_only ? strtoul(num, NULL, hex ? 16 : 10) : 0;
 				if (c && c <= 0x10ffff && (c < 0xd800 || c > 0xdfff)) {
 					put_utf8(&o, c);

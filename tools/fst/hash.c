@@ -606,6 +606,10 @@ int cli_load_checked(const fst_checkpoint *ck, const fst_load_opts *lo, const ch
 	/* the progress the caller asked for, meanwhile (fst_loader_finish
 	 * reports only its own wait, which comes after) */
 	for (int i = 0; i < started; i++) {
+		if (!lo->progress) {
+			pthread_join(t[i], NULL);
+			continue;
+		}
 		for (;;) {
 			struct timespec until;
 			clock_gettime(CLOCK_REALTIME, &until);
@@ -616,11 +620,9 @@ int cli_load_checked(const fst_checkpoint *ck, const fst_load_opts *lo, const ch
 			}
 			if (pthread_timedjoin_np(t[i], NULL, &until) != ETIMEDOUT)
 				break;
-			if (lo->progress) {
-				uint64_t done, total;
-				fst_loader_progress(k.ld, &done, &total);
-				lo->progress(lo->progress_ctx, done, total);
-			}
+			uint64_t done, total;
+			fst_loader_progress(k.ld, &done, &total);
+			lo->progress(lo->progress_ctx, done, total);
 		}
 	}
 	*checked = k.checked;
