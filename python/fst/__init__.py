@@ -37,7 +37,7 @@ from ._dist import Comm, load_sharded, node_comm
 from ._args import (  # noqa: F401
     _check_options, _check_target, _count, _device, _framework, _load_kwargs, _threads)
 from ._tensors import _check_dtypes, _convert, _need_torch, _torch_dtypes  # noqa: F401
-from ._load import _prepare, _shown  # noqa: F401
+from ._load import _prepare  # noqa: F401
 from ._reference import _backend, _backend_options, _is_url  # noqa: F401
 from ._write import _check_metadata, _write_order  # noqa: F401
 

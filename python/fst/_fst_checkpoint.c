@@ -174,8 +174,19 @@ static PyObject *Checkpoint_metadata(CheckpointObject *self, PyObject *args)
 	return d;
 }
 
+/* The checkpoint's name as libfst shows it (a URL's secrets as ***) */
+static PyObject *Checkpoint_path(CheckpointObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (fstpy_checkpoint_ready(self))
+		return NULL;
+	return PyUnicode_DecodeFSDefault(fst_checkpoint_path(self->ck));
+}
+
 static PyMethodDef Checkpoint_methods[] = {
 	{"keys", (PyCFunction)Checkpoint_keys, METH_NOARGS, "tensor names, file by file"},
+	{"path", (PyCFunction)Checkpoint_path, METH_NOARGS,
+	 "the path or URL as messages show it (a URL's password and query as ***)"},
 	{"info", (PyCFunction)Checkpoint_info, METH_O,
 	 "(dtype, shape, nbytes, file_index, file_offset) or None"},
 	{"files", (PyCFunction)Checkpoint_files, METH_NOARGS, "the safetensors files"},

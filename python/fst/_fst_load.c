@@ -30,6 +30,38 @@ static void pyalloc_unref(struct pyalloc *pa)
 	free(pa);
 }
 
+/* The exception set, taken (its traceback on it), or NULL: held while
+ * other Python code runs, then put back with put_exception. */
+static PyObject *take_exception(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+	return PyErr_GetRaisedException();
+#else
+	PyObject *type, *value, *trace;
+	PyErr_Fetch(&type, &value, &trace);
+	if (!type)
+		return NULL;
+	PyErr_NormalizeException(&type, &value, &trace);
+	if (trace)
+		PyException_SetTraceback(value, trace);
+	Py_DECREF(type);
+	Py_XDECREF(trace);
+	return value;
+#endif
+}
+
+/* e (taken from take_exception; NULL: none) set again, its reference
+ * given up. */
+static void put_exception(PyObject *e)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+	PyErr_SetRaisedException(e);
+#else
+	if (e)
+		PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(e)), e, PyException_GetTraceback(e));
+#endif
+}
+
 static void *py_alloc(void *ctx, uint64_t size, uint32_t align, int device_type, int device_id)
 {
 	struct pyalloc *pa = ctx;
@@ -62,23 +94,14 @@ static void py_free(void *ctx, void *ptr, uint64_t size, int device_type, int de
 	/* An exception on its way up (the reference dropped as a frame
 	 * unwinds) is set aside for the call, and put back: else the call
 	 * fails, and the caller's exception is lost to a SystemError. */
-#if PY_VERSION_HEX >= 0x030C0000
-	PyObject *pending = PyErr_GetRaisedException();
-#else
-	PyObject *ptype, *pvalue, *ptrace;
-	PyErr_Fetch(&ptype, &pvalue, &ptrace);
-#endif
+	PyObject *pending = take_exception();
 	PyObject *r = PyObject_CallFunction(pa->free, "NKii", PyLong_FromVoidPtr(ptr),
 					    (unsigned long long)size, device_type, device_id);
 	if (!r)
 		PyErr_WriteUnraisable(pa->free);
 	Py_XDECREF(r);
 	pyalloc_unref(pa);
-#if PY_VERSION_HEX >= 0x030C0000
-	PyErr_SetRaisedException(pending);
-#else
-	PyErr_Restore(ptype, pvalue, ptrace);
-#endif
+	put_exception(pending);
 	PyGILState_Release(g);
 }
 
@@ -291,18 +314,7 @@ static void check_signals(void *ctx, uint64_t done, uint64_t total)
 		return;
 	PyGILState_STATE g = PyGILState_Ensure();
 	if (PyErr_CheckSignals() < 0) {
-#if PY_VERSION_HEX >= 0x030C0000
-		in->raised = PyErr_GetRaisedException();
-#else
-		PyObject *type, *value, *trace;
-		PyErr_Fetch(&type, &value, &trace);
-		PyErr_NormalizeException(&type, &value, &trace);
-		if (value && trace)
-			PyException_SetTraceback(value, trace);
-		Py_XDECREF(type);
-		Py_XDECREF(trace);
-		in->raised = value ? value : Py_NewRef(PyExc_KeyboardInterrupt);
-#endif
+		in->raised = take_exception();
 		fst_loader_cancel(in->ld);
 	}
 	PyGILState_Release(g);
@@ -331,12 +343,7 @@ PyObject *fstpy_load(PyObject *mod, PyObject *args, PyObject *kw)
 	free_load_args(&la);
 	if (in.raised) {
 		fst_buffer_release(buf); /* a cancel that came after the last byte */
-#if PY_VERSION_HEX >= 0x030C0000
-		PyErr_SetRaisedException(in.raised);
-#else
-		PyErr_SetObject((PyObject *)Py_TYPE(in.raised), in.raised);
-		Py_DECREF(in.raised);
-#endif
+		put_exception(in.raised);
 		return NULL;
 	}
 	if (rc)

@@ -3,7 +3,6 @@ whole into one allocation or streamed tensor by tensor."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
@@ -39,16 +38,6 @@ def _torch_allocator(device: str):
         torch.cuda.caching_allocator_delete(blocks.pop(ptr))
 
     return (alloc, free)
-
-
-def _shown(path) -> str:
-    """path as messages show it: an http(s) URL's password and query (a
-    presigned signature) as *** (the library's names do the same)."""
-    p = os.fsdecode(path)
-    if not re.match(r"(?i)https?://", p):
-        return p
-    p = re.sub(r"^([^:]+://[^/?#@]*?:)[^/?#@]*@", r"\1***@", p)
-    return re.sub(r"\?[^#]*", "?***", p, count=1)
 
 
 def _prepare(where: str, cks: Sequence["Checkpoint"], framework: str, kw: dict) -> dict:
@@ -141,7 +130,7 @@ def load(path, device="cpu", *, framework="pt", io="auto", threads=0, staging_by
     if fw == "pt":
         _need_torch()  # before the file: without torch nothing of it can be used
     ck = _open(path, dict(endpoint=endpoint, region=region, profile=profile, unsigned=unsigned))
-    return _load_prepared(ck, fw, _prepare(_shown(ck.path), [ck], fw, kw))
+    return _load_prepared(ck, fw, _prepare(ck._ck.path(), [ck], fw, kw))
 
 
 def _load_prepared(ck: Checkpoint, framework: str, kw: dict) -> Dict[str, object]:
@@ -164,7 +153,7 @@ def iter_tensors(paths: Union[str, os.PathLike, Sequence], device="cpu", framewo
     if isinstance(paths, (str, bytes, os.PathLike, _checkpoint_type())):
         paths = [paths]
     cks = [_open(p, remote) for p in paths]
-    kw = _prepare(", ".join(_shown(ck.path) for ck in cks) or "iter_tensors", cks, fw, kw)
+    kw = _prepare(", ".join(ck._ck.path() for ck in cks) or "iter_tensors", cks, fw, kw)
     bar = None
     if progress:
         try:

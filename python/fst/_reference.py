@@ -9,7 +9,7 @@ from typing import Dict, Optional
 from . import _fst
 from ._args import _check_options, _device, _framework, _load_kwargs
 from ._errors import ArgumentTypeError, UsageError
-from ._load import _load_prepared, _open, _prepare, _remote, _shown
+from ._load import _load_prepared, _open, _prepare, _remote
 from ._tensors import _need_torch
 from ._write import _check_metadata, _entries
 
@@ -63,7 +63,7 @@ def load_file(filename, device="cpu", framework="pt", *, backend=None,
     if fw == "pt":
         _need_torch()
     ck = _open(filename, remote)
-    return _load_prepared(ck, fw, _prepare(_shown(ck.path), [ck], fw, kw))
+    return _load_prepared(ck, fw, _prepare(ck._ck.path(), [ck], fw, kw))
 
 
 def save_file(tensors: Dict[str, object], filename, metadata: Optional[Dict[str, str]] = None):

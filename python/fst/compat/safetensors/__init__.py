@@ -33,7 +33,6 @@ from ... import (
     _framework,
     _load_kwargs,
     _prepare,
-    _shown,
     _write_order,
 )
 
@@ -175,7 +174,7 @@ def _load_bytes(data, framework: str) -> dict:
     pread path copies from memory as from a file), on the CPU."""
     fw = _framework(framework)
     ck = _from_bytes(data)
-    kw = _prepare(_shown(ck.path), [ck], fw, _load_kwargs("cpu", fw, io="pread"))
+    kw = _prepare(ck._ck.path(), [ck], fw, _load_kwargs("cpu", fw, io="pread"))
     buf = _fst.load(ck._ck, **kw)
     return {name: _convert(buf.tensor(name), fw) for name in buf.names()}
 
@@ -234,7 +233,7 @@ class _Opened:
             with self._lock:
                 if self._tensors is None:
                     ck = self.ck
-                    kw = _prepare(_shown(ck.path), [ck], self.framework, self.kw)
+                    kw = _prepare(ck._ck.path(), [ck], self.framework, self.kw)
                     buf = _fst.load(ck._ck, **kw)
                     self._tensors = {n: _convert(buf.tensor(n), self.framework)
                                      for n in buf.names()}
