@@ -156,7 +156,17 @@ static int as_another_user(void)
 	if (fsti_mincore_tells(fd))
 		return 1;
 	double mc = fsti_cached_fraction_by(ck, FSTI_RESIDENCY_MINCORE);
+	/* The parent left it evicted; on a busy machine pages came back before
+	 * this sample in 1 of 3 fresh-clone runs (the cause not found): up to
+	 * three samples, each after evicting again (any reader may), and cold
+	 * must be said at least once, never by a sample above 0.1 alone. */
 	double cold = fsti_cached_fraction(ck);
+	for (int again = 0; again < 2 && cold > 0.1; again++) {
+		fprintf(stderr, "as uid 65534, evicted: the sample %.2f; evicted again\n", cold);
+		(void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+		usleep(50000);
+		cold = fsti_cached_fraction(ck);
+	}
 	fprintf(stderr, "as uid 65534, evicted: mincore says %.2f, the sample %.2f\n", mc, cold);
 	if (cold < 0 || cold > 0.1)
 		return 2;
