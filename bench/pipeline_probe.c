@@ -35,6 +35,12 @@
  *   at least 3 slots)  --seconds S (2)
  *   --check (pipeline: the device buffer read back and compared with the
  *   files after the last run)
+ *   --slot-skew B (slots, pipeline, copies: each chunk read B bytes into its
+ *   slot)  --device-skew B (pipeline, copies: each chunk copied B bytes past
+ *   its place): fst's copies of a checkpoint whose tensors sit at 8 mod 16
+ *   in the file go from slot bytes at a page boundary to a device address
+ *   8 bytes off one (--device-skew 8); with both, source and destination
+ *   share their offset within every 256 bytes again
  *
  * Prints one line per run and a last line of JSON (best and median GB/s).
  * libcuda is opened at run time: FST_CUDA_LIBRARY names another (the test
@@ -210,6 +216,12 @@ struct opts {
 	double seconds;
 	bool shared_stream, blocking, check, deferred;
 	int device;
+	/* slots, pipeline, copies: where in its slot a chunk lands, and how far
+	 * past its file position it lands on the device (a tensor whose file
+	 * offset is 8 mod 16 lands on a 256-byte boundary: 8 bytes either
+	 * way) */
+	unsigned slot_skew, device_skew;
+	uint64_t stride; /* a slot's bytes: chunk, plus a page where skewed */
 };
 
 struct run {
@@ -265,7 +277,8 @@ struct held {
 static void hand_on(const struct run *r, CUstream s, const struct held *h, const char *mine,
 		    CUevent *ev, bool *pending)
 {
-	cuda_check(cu.MemcpyHtoDAsync(r->dev_dst + h->dst, mine + (uint64_t)h->slot * r->o->chunk,
+	cuda_check(cu.MemcpyHtoDAsync(r->dev_dst + r->o->device_skew + h->dst,
+				      mine + (uint64_t)h->slot * r->o->stride + r->o->slot_skew,
 				      h->len, s),
 		   "cuMemcpyHtoDAsync");
 	cuda_check(cu.EventRecord(ev[h->slot], s), "cuEventRecord");
@@ -281,7 +294,7 @@ static void *slot_worker(void *arg)
 	const struct opts *o = r->o;
 	bool reads = strcmp(r->mode, "copies") != 0;
 	bool copy = !reads || !strcmp(r->mode, "pipeline");
-	char *mine = r->pinned + (uint64_t)w->id * o->slots * o->chunk;
+	char *mine = r->pinned + (uint64_t)w->id * o->slots * o->stride;
 	CUstream s = r->shared;
 	CUevent ev[MAX_SLOTS] = {0};
 	bool pending[MAX_SLOTS] = {0};
@@ -301,7 +314,7 @@ static void *slot_worker(void *arg)
 		if (k >= r->fs->nchunks)
 			break;
 		chunk_of(r->fs, k, &f, &off, &len);
-		char *slot = mine + (uint64_t)turn * o->chunk;
+		char *slot = mine + (uint64_t)turn * o->stride + o->slot_skew;
 		if (pending[turn])
 			cuda_check(cu.EventSynchronize(ev[turn]), "cuEventSynchronize");
 		pending[turn] = false;
@@ -407,7 +420,8 @@ static bool bytes_equal(struct run *r)
 		size_t f;
 		chunk_of(r->fs, k, &f, &off, &len);
 		read_all(r->fs, f, off, len, want);
-		cuda_check(cu.MemcpyDtoH(got, r->dev_dst + r->fs->offset[f] + off, len),
+		cuda_check(cu.MemcpyDtoH(got, r->dev_dst + r->o->device_skew + r->fs->offset[f] + off,
+					 len),
 			   "cuMemcpyDtoH");
 		same = !memcmp(got, want, len);
 	}
@@ -430,22 +444,34 @@ static unsigned count_arg(const char *s)
 	return *s && !*end && v >= 1 && v <= 4096 ? (unsigned)v : 0;
 }
 
+/* A skew of 0 to 4095 bytes into *out; false otherwise. */
+static bool skew_arg(const char *s, unsigned *out)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+	*out = (unsigned)v;
+	return *s && !*end && v >= 0 && v < 4096;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: pipeline_probe [--threads N] [--slots S] [--chunk BYTES] "
 			"[--runs R] [--device I] [--shared-stream] [--blocking] [--deferred] "
-			"[--seconds S] [--check] pread|h2d|pread+h2d|slots|pipeline|copies FILE...\n");
+			"[--seconds S] [--check] [--slot-skew B] [--device-skew B] "
+			"pread|h2d|pread+h2d|slots|pipeline|copies FILE...\n");
 	exit(2);
 }
 
 int main(int argc, char **argv)
 {
-	struct opts o = {12, 3, 3, 3727360, 2.0, false, false, false, false, 0};
+	struct opts o = {12, 3, 3, 3727360, 2.0, false, false, false, false, 0, 0, 0, 0};
 	static const struct option longs[] = {
 		{"threads", 1, 0, 't'}, {"slots", 1, 0, 's'},     {"chunk", 1, 0, 'c'},
 		{"runs", 1, 0, 'r'},    {"device", 1, 0, 'd'},    {"seconds", 1, 0, 'S'},
 		{"shared-stream", 0, 0, 'x'}, {"blocking", 0, 0, 'b'}, {"check", 0, 0, 'k'},
-		{"deferred", 0, 0, 'D'}, {0, 0, 0, 0}};
+		{"deferred", 0, 0, 'D'}, {"slot-skew", 1, 0, 'K'}, {"device-skew", 1, 0, 'V'},
+		{0, 0, 0, 0}};
+	bool skew_ok = true;
 	int c;
 	while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
 		switch (c) {
@@ -459,6 +485,8 @@ int main(int argc, char **argv)
 		case 'b': o.blocking = true; break;
 		case 'k': o.check = true; break;
 		case 'D': o.deferred = true; break;
+		case 'K': skew_ok = skew_ok && skew_arg(optarg, &o.slot_skew); break;
+		case 'V': skew_ok = skew_ok && skew_arg(optarg, &o.device_skew); break;
 		default: usage();
 		}
 	}
@@ -472,8 +500,10 @@ int main(int argc, char **argv)
 	    o.chunk < 4096 || !o.runs || o.runs > 64 || o.seconds <= 0 ||
 	    (o.deferred && o.slots < 3) ||
 	    ((o.shared_stream || o.blocking) && !copying) ||
-	    ((o.deferred || o.check) && strcmp(mode, "pipeline")))
+	    ((o.deferred || o.check) && strcmp(mode, "pipeline")) || !skew_ok ||
+	    ((o.slot_skew || o.device_skew) && strcmp(mode, "slots") && !copying))
 		usage();
+	o.stride = o.chunk + (o.slot_skew ? 4096 : 0);
 
 	struct files fs = {0};
 	files_open(&fs, argv + optind, (size_t)(argc - optind), o.chunk);
@@ -489,7 +519,7 @@ int main(int argc, char **argv)
 			die(3, "out of memory for the files' size", (long long)fs.total);
 		memset(r.host_dst, 0, fs.total);
 	}
-	size_t staging = (size_t)o.threads * o.slots * o.chunk;
+	size_t staging = (size_t)o.threads * o.slots * o.stride;
 	if (slot_mode) {
 		/* as fst's staging: 2 MiB pages where the kernel gives them,
 		 * faulted in, then pinned */
@@ -503,7 +533,7 @@ int main(int argc, char **argv)
 		cuda_check(cu.MemHostRegister(r.pinned, staging, 0), "cuMemHostRegister (slots)");
 	}
 	if (copying) {
-		cuda_check(cu.MemAlloc(&r.dev_dst, fs.total ? fs.total : 1), "cuMemAlloc");
+		cuda_check(cu.MemAlloc(&r.dev_dst, fs.total + o.device_skew + 1), "cuMemAlloc");
 		if (o.shared_stream)
 			cuda_check(cu.StreamCreate(&r.shared, CU_STREAM_NON_BLOCKING),
 				   "cuStreamCreate");
@@ -538,9 +568,11 @@ int main(int argc, char **argv)
 	}
 	printf("{\"mode\": \"%s\", \"threads\": %u, \"slots\": %u, \"chunk\": %" PRIu64
 	       ", \"shared_stream\": %s, \"blocking\": %s, \"deferred\": %s, \"bytes\": %" PRIu64
+	       ", \"slot_skew\": %u, \"device_skew\": %u"
 	       ", \"runs\": %u, \"best_gbps\": %.3f, \"median_gbps\": %.3f",
 	       mode, o.threads, o.slots, o.chunk, o.shared_stream ? "true" : "false",
-	       o.blocking ? "true" : "false", o.deferred ? "true" : "false", fs.total, o.runs,
+	       o.blocking ? "true" : "false", o.deferred ? "true" : "false", fs.total,
+	       o.slot_skew, o.device_skew, o.runs,
 	       sorted[o.runs - 1],
 	       (sorted[(o.runs - 1) / 2] + sorted[o.runs / 2]) / 2);
 	if (!strcmp(mode, "pread+h2d"))

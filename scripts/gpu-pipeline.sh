@@ -11,6 +11,10 @@
 # the default shape again every few rows to show the machine's drift.
 #   bash scripts/gpu-pipeline.sh CKPT_DIR >pipeline.txt
 # RUNS (default 5) runs a row, each row's figure their median (JSON line).
+# ROWS=phase runs only the rows of copies in and out of phase: fst's copies
+# of a checkpoint whose tensors sit at 8 mod 16 in their files went from
+# page-aligned slot bytes to device addresses 8 bytes past a boundary
+# (--device-skew 8) until FST_ALIGN_COPIES (docs/design.md).
 set -uo pipefail
 CK=${1:?checkpoint folder}
 RUNS=${RUNS:-5}
@@ -55,6 +59,22 @@ rows=(
 	"pipeline $def"
 	"pipeline $def --deferred"
 )
+if [ "${ROWS:-all}" = phase ]; then
+	rows=(
+		"pipeline $def"
+		"pipeline $def --device-skew 8"
+		"pipeline $def --slot-skew 8 --device-skew 8"
+		"copies $def"
+		"copies $def --device-skew 8"
+		"copies $def --slot-skew 8 --device-skew 8"
+		"slots $def"
+		"slots $def --slot-skew 8"
+		"slots $def --slot-skew 64"
+		"pipeline $def"
+		"pipeline $def --device-skew 8"
+		"pipeline $def --slot-skew 8 --device-skew 8"
+	)
+fi
 echo "# $(date -u +%FT%TZ) ${#files[@]} files, $(du -cb "${files[@]}" | tail -1 | cut -f1) bytes, $RUNS runs a row"
 for row in "${rows[@]}"; do
 	mode=${row%% *}

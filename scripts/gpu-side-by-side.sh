@@ -16,7 +16,8 @@
 #           two rounds on gpt-oss-20b with four loaders, 227 s
 #   STEP=2  one more cold round on both (run it once per round: each round
 #           after the first runs the loaders in the other round's order
-#           reversed), then, with ALSO_FIRST_LOAD=1, step 3; on a bare
+#           reversed; MODEL=NAME, that model only), then, with
+#           ALSO_FIRST_LOAD=1, step 3; on a bare
 #           machine (fst not installed) the wheel and both checkpoints
 #           first; GPU_SUITE=.dev/test_gpu runs the GPU suite first
 #           (gpu-suite.txt); COLD_ALSO adds loaders to the round
@@ -40,7 +41,9 @@
 #           (WARM_ROUNDS=1 unless set) in the call's first 300 s (WARM_S),
 #           then STEP=2 in what is left; both steps' files in one archive
 #           (sbs.tar.gz: two folders, warm/ and cold/, written after each
-#           step), as a call brings back at most 8 files. On a bare machine
+#           step), as a call brings back at most 8 files; MODEL=NAME
+#           (as in STEP=1) runs both steps on that model only, for every
+#           warm loader in one call's time. On a bare machine
 #           the whole of it took 450 s with CALL_S=560 WARM_S=330 and three
 #           warm loaders (WARM=fst.load,fst.iter_into_params,
 #           instanttensor.buffered); a 348 s call held only the install,
@@ -48,6 +51,13 @@
 #   STEP=7  the warm pipeline taken apart on gpt-oss-20b in the page cache
 #           (pipeline.txt: scripts/gpu-pipeline.sh, bench/pipeline_probe.c);
 #           on a bare machine the wheel and gpt-oss-20b first
+#   STEP=8  copies in phase (FST_ALIGN_COPIES) on gpt-oss-20b in the page
+#           cache: the bare pipeline's copies in and out of phase
+#           (pipeline.txt, ROWS=phase), `fst load` with FST_ALIGN_COPIES=1
+#           and 0 in alternating processes (phase-ab.txt, AB_ROUNDS rounds,
+#           default 4), then one warm peers.py round of WARM_PHASE (fst.load
+#           both ways, the iterator, InstantTensor's buffered backend) in
+#           the time left; on a bare machine the wheel and gpt-oss-20b first
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
 # pass took 10-15 s there, a cold one about 25 s: bench/results/
 # h200-2026-12-02-sbs); a cold round is one peers.py run continued with
@@ -55,7 +65,7 @@
 # are checked in its first warm pass, fst's also in its first cold pass. Each
 # step copies what it touched to OUT (at most 8 files).
 set -uo pipefail
-STEP=${STEP:?STEP=1, 2, 3, 4, 5, 6 or 7}
+STEP=${STEP:?STEP=1 to 8}
 OUT=${OUT:-/tmp/fst-sbs-out}
 WORK=${WORK:-/tmp/fst-cold-work}
 RES=$WORK/sbs # the runs' files, kept between steps
@@ -106,7 +116,10 @@ peers() {
 	args="$args${SETTLE:+ --settle $SETTLE}"
 	[ "$mode" = warm ] && args="$args${PASSES:+ --passes $PASSES}"
 	echo "$(date +%T) $m $mode $*" >>"$OUT/times.txt"
-	DEVICE=$device PEER_MODELS=$m SCRUB=other SWEEP=0 PEERS=1 TAG=$mode OUT=$RES PEER_ARGS="$args $*" \
+	# only cold passes scrub (and so want the other checkpoint written)
+	local scrub=other
+	[ "$mode" = warm ] && scrub=
+	DEVICE=$device PEER_MODELS=$m SCRUB=$scrub SWEEP=0 PEERS=1 TAG=$mode OUT=$RES PEER_ARGS="$args $*" \
 		timeout "$limit" bash scripts/gpu-cold.sh >/dev/null 2>&1
 	cp "$RES/peers-$m-$mode.json" "$RES/peers-$m-$mode.txt" "$OUT/" 2>/dev/null
 }
@@ -135,15 +148,15 @@ case $STEP in
 		;;
 	esac
 	;;
-2 | 3 | 5 | 7)
+2 | 3 | 5 | 7 | 8)
 	# A machine given back since STEP=1 comes back bare: the wheel and the
 	# checkpoints again, before the timed parts (machine.txt says so)
 	if ! python3 -c 'import fst' 2>/dev/null; then
 		mkdir -p "$WORK/install"
 		OUT=$WORK/install bash scripts/gpu-install.sh
 		cat "$WORK/install/wheel.txt" "$WORK/install/machine.txt" >"$OUT/machine.txt"
-		only=() # STEP=7 reads gpt-oss-20b only
-		[ "$STEP" = 7 ] && only=(--only gpt-oss-20b)
+		only=() # STEP=7 and 8 read gpt-oss-20b only
+		[ "$STEP" = 7 ] || [ "$STEP" = 8 ] && only=(--only gpt-oss-20b)
 		python3 bench/make_checkpoints.py "$WORK/ck" "${only[@]}" >>"$OUT/machine.txt" 2>&1
 		sync
 	fi
@@ -158,12 +171,33 @@ case $STEP in
 	if [ "$STEP" = 2 ] || [ "$STEP" = 5 ]; then
 		mode=cold
 		[ "$STEP" = 5 ] && mode=cold-cpu
-		peers gpt-oss-20b $mode 260
-		peers llama3-8b $mode "$(left 60)"
+		case ${MODEL:-both} in
+		both)
+			peers gpt-oss-20b $mode 260
+			peers llama3-8b $mode "$(left 60)"
+			;;
+		*) peers "$MODEL" $mode "$(left 60)" ;;
+		esac
 	fi
 	if [ "$STEP" = 7 ]; then
 		timeout "$(left 30)" bash scripts/gpu-pipeline.sh "$WORK/ck/gpt-oss-20b" \
 			>"$OUT/pipeline.txt" 2>&1
+	fi
+	if [ "$STEP" = 8 ]; then
+		ck=$WORK/ck/gpt-oss-20b
+		ROWS=phase timeout "$(left 30)" bash scripts/gpu-pipeline.sh "$ck" >"$OUT/pipeline.txt" 2>&1
+		fst=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/fst
+		for r in $(seq "${AB_ROUNDS:-4}"); do
+			ways="1 0"
+			[ $((r % 2)) = 0 ] && ways="0 1"
+			for v in $ways; do
+				printf 'round %s FST_ALIGN_COPIES=%s: ' "$r" "$v"
+				FST_ALIGN_COPIES=$v timeout 60 "$fst" load "$ck" --device cuda:0 --json \
+					--no-progress | python3 -c 'import json, sys; j = json.load(sys.stdin); print("%.3f s %.2f GB/s" % (j["seconds"], j["gbps"]))'
+			done
+		done >"$OUT/phase-ab.txt" 2>&1
+		WARM=${WARM_PHASE:-fst.load,fst.load+FST_ALIGN_COPIES=1,fst.iter_into_params,instanttensor.buffered} \
+			WARM_ROUNDS=${WARM_ROUNDS:-1} peers gpt-oss-20b warm "$(left 30)"
 	fi
 	if [ "$STEP" = 3 ] || [ "${ALSO_FIRST_LOAD:-0}" = 1 ]; then
 		# where a process's first load loses time against its later ones:
@@ -201,7 +235,7 @@ case $STEP in
 	done >"$OUT/replicas.txt" 2>&1
 	;;
 *)
-	echo "gpu-side-by-side: STEP=$STEP: 1, 2, 3, 4, 5, 6 or 7" >&2
+	echo "gpu-side-by-side: STEP=$STEP: 1 to 8" >&2
 	exit 2
 	;;
 esac

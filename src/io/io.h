@@ -99,6 +99,10 @@ struct fsti_reader {
 	 * worker waits for the slot again (docs/design.md, "Past the copy
 	 * limit"). */
 	bool reads_at_start;
+	/* Whether start reads into a buffer at any address (pread, ranged
+	 * GETs), not only at a block boundary (O_DIRECT): then a sink may
+	 * place a chunk within its slot (fsti_sink.landing_skew). */
+	bool any_buffer;
 	int (*worker_init)(const struct fsti_source *src, void **state, fst_error *err);
 	int (*read_exact)(const struct fsti_source *src, void *state, uint32_t file, uint64_t off,
 			  uint64_t len, void *dst, fst_error *err);

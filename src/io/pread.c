@@ -122,6 +122,7 @@ const struct fsti_reader fsti_reader_pread = {
 	.exact_reads = true,
 	.default_staging = FSTI_STAGING_CACHED,
 	.reads_at_start = true,
+	.any_buffer = true,
 	.worker_init = pread_init,
 	.read_exact = pread_read,
 	.start = pread_start,

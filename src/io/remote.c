@@ -70,6 +70,7 @@ const struct fsti_reader fsti_reader_remote = {
 	/* a GPU's landing slots: big requests amortise each one's round trip */
 	.default_staging = FSTI_STAGING_DIRECT,
 	.reads_at_start = true,
+	.any_buffer = true,
 	.worker_init = remote_init,
 	.read_exact = remote_read,
 	.start = remote_start,

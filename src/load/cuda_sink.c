@@ -420,6 +420,33 @@ static int h2d_piece(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len)
 	return h->r ? -1 : 0;
 }
 
+/* The piece of a chunk with the most bytes: where it starts in the chunk
+ * and on the device. */
+struct largest {
+	uint64_t at, dst_off, len;
+};
+
+static int note_largest(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len)
+{
+	struct largest *l = ctx;
+	if (len > l->len)
+		*l = (struct largest){at, dst_off, len};
+	return 0;
+}
+
+/* Where chunk c lands in its slot (a page-aligned buffer): so that its
+ * largest piece is copied between addresses with the same offset within
+ * FSTI_COPY_PHASE. A tensor at 8 mod 16 in its file otherwise goes from a
+ * page boundary to 8 bytes past an aligned device address, and every other
+ * tensor of such a checkpoint with it. */
+static uint32_t cuda_landing_skew(const struct fsti_engine *e, const struct fsti_chunk *c)
+{
+	struct largest l = {0, 0, 0};
+	fsti_chunk_pieces(&e->plan, c, note_largest, &l);
+	uint64_t dst = (uint64_t)(uintptr_t)e->buf->base + l.dst_off;
+	return (uint32_t)((dst - l.at) & (FSTI_COPY_PHASE - 1));
+}
+
 static int cuda_deliver(struct fsti_engine *e, void *state, int s, const struct fsti_chunk *c,
 			const char *where, fst_error *err)
 {
@@ -507,6 +534,7 @@ const struct fsti_sink fsti_sink_cuda = {
 	.load_fini = cuda_load_fini,
 	.load_started = cuda_load_started,
 	.load_abandoned = cuda_load_abandoned,
+	.landing_skew = cuda_landing_skew,
 	.worker_init = cuda_worker_init,
 	.slot_buffer = cuda_slot_buffer,
 	.deliver = cuda_deliver,

@@ -238,6 +238,9 @@ static int run_slots(struct fsti_engine *e, const struct worker_role *role, void
 			}
 			char *buf;
 			rc = e->sink->slot_buffer(e, sstate, s, &buf, err);
+			if (!rc && e->align_copies && role->reader->any_buffer &&
+			    e->sink->landing_skew)
+				buf += e->sink->landing_skew(e, c);
 			if (role->helper)
 				started[s] = fsti_now();
 			if (!rc)
@@ -439,6 +442,18 @@ static int env_digit(enum fsti_env var, unsigned lo, unsigned hi, unsigned *out,
 static int reads_in_flight(unsigned *out, fst_error *err)
 {
 	return env_digit(FSTI_ENV_READS_IN_FLIGHT, 1, FSTI_SLOTS, out, err);
+}
+
+/* FST_ALIGN_COPIES: 0 (chunks land at their slots' start; also where unset
+ * or empty) or 1 (at the sink's landing_skew) */
+static int align_copies(bool *out, fst_error *err)
+{
+	const char *v = fsti_env(FSTI_ENV_ALIGN_COPIES);
+	*out = v && !strcmp(v, "1");
+	if (*out || !v || !*v || !strcmp(v, "0"))
+		return 0;
+	return fsti_err(err, FST_EUSAGE, "%s=\"%s\": expected 0 or 1",
+			fsti_env_name(FSTI_ENV_ALIGN_COPIES), v);
 }
 
 /* FST_WARM_DISK: the disk helpers asked for, 0 (off, and where unset) to
@@ -653,6 +668,8 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 		rc = fsti_page_cache_mode(&e->page_cache, err);
 	if (!rc)
 		rc = reads_in_flight(&e->reads_in_flight, err);
+	if (!rc)
+		rc = align_copies(&e->align_copies, err);
 	if (!rc)
 		rc = fsti_checkpoint_is_remote(ck) ? choose_remote(e, opts, err)
 						   : choose_io(e, err);

@@ -78,6 +78,14 @@ void fsti_cuda_release_device_buffer(struct fst_buffer *b);
 
 /* ---- sinks: where chunks go (host_sink.c, cuda_sink.c) */
 
+/* The span within which a chunk's copy to a GPU should have its source and
+ * destination at the same offset: a tensor at 8 mod 16 in its file lands on
+ * an aligned device address, so a chunk read to the start of its slot would
+ * be copied from page-aligned bytes to an address 8 bytes past a boundary
+ * (docs/design.md, "Past the copy limit"). Within a slot's spare room. */
+#define FSTI_COPY_PHASE 256u
+_Static_assert(FSTI_COPY_PHASE <= FSTI_DIRECT_ALIGN, "a skewed chunk fits its slot");
+
 struct fsti_sink {
 	const char *name;
 	/* How it moves the bytes, for the load's description ("" or ", ..."). */
@@ -94,6 +102,10 @@ struct fsti_sink {
 	 * started): lets every worker waiting for what load_started makes go
 	 * on, failing, so that it can be joined. Required with load_started. */
 	void (*load_abandoned)(struct fsti_engine *e);
+	/* Where in its slot chunk c should land, 0 to FSTI_COPY_PHASE - 1 bytes
+	 * past the slot's start, for a reader that reads into any address
+	 * (optional; the slot has room for it). */
+	uint32_t (*landing_skew)(const struct fsti_engine *e, const struct fsti_chunk *c);
 	/* Per-worker state, with FSTI_SLOTS landing buffers of slot_bytes. */
 	int (*worker_init)(struct fsti_engine *e, void **state, fst_error *err);
 	/* Slot s's buffer, free to overwrite: waits for copies still reading
@@ -191,6 +203,10 @@ struct fsti_engine {
 	/* FST_READS_IN_FLIGHT: reads a worker keeps in flight in slot mode,
 	 * 1 to FSTI_SLOTS */
 	unsigned reads_in_flight;
+	/* FST_ALIGN_COPIES=1: chunks land in their slots at the sink's
+	 * landing_skew (off by default: docs/design.md, "Past the copy
+	 * limit") */
+	bool align_copies;
 	/* Disk helpers (FST_WARM_DISK): the last disk_helpers of the nthreads
 	 * workers read, from a load's page-cached files, chunks from the end of
 	 * the plan with O_DIRECT (disk_src), while the others read from its

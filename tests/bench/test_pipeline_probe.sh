@@ -2,7 +2,8 @@
 # bench/pipeline_probe against the libcuda double, whose late copies poison
 # their destinations until done: every mode runs (copies too: the copy engine
 # at the pipeline's shape, nothing read), the pipeline's bytes read
-# back equal the files' (four shapes, --deferred among them) (a slot reused before its event, or a copy counted
+# back equal the files' (seven shapes, --deferred and skewed slots and
+# destinations among them) (a slot reused before its event, or a copy counted
 # before it lands, reads poison), and bad usage exits 2.
 #   test_pipeline_probe.sh PROBE LIBCUDA_DOUBLE
 set -euo pipefail
@@ -16,7 +17,10 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 for args in "--threads 3 --chunk 1000000" "--threads 2 --slots 5 --chunk 65536" \
 	"--threads 4 --slots 2 --chunk 300000 --shared-stream --blocking" \
-	"--threads 3 --slots 4 --chunk 500000 --deferred"; do
+	"--threads 3 --slots 4 --chunk 500000 --deferred" \
+	"--threads 3 --chunk 1000000 --device-skew 8" \
+	"--threads 2 --chunk 300000 --slot-skew 8 --device-skew 8" \
+	"--threads 2 --chunk 65536 --slot-skew 4095"; do
 	# shellcheck disable=SC2086
 	out=$("$PROBE" $args --runs 2 --check pipeline "$dir/a" "$dir/b") ||
 		fail "pipeline $args: exit $?: $out"
@@ -50,6 +54,12 @@ rc=0; "$PROBE" --deferred copies "$dir/a" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "--deferred with copies (no reads to defer) exits $rc, not 2"
 rc=0; "$PROBE" --check copies "$dir/a" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "--check with copies (nothing read to compare) exits $rc, not 2"
+for bad in "--slot-skew 4096" "--device-skew -1" "--slot-skew x"; do
+	rc=0; "$PROBE" $bad pipeline "$dir/a" 2>/dev/null || rc=$?
+	[ "$rc" = 2 ] || fail "$bad exits $rc, not 2"
+done
+rc=0; "$PROBE" --device-skew 8 pread "$dir/a" 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "--device-skew with pread (no slots) exits $rc, not 2"
 rc=0; "$PROBE" --threads -1 pipeline "$dir/a" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "--threads -1 exits $rc, not 2"
 rc=0; "$PROBE" pipeline "$dir/missing" 2>/dev/null || rc=$?

@@ -588,10 +588,17 @@ API CUresult cuStreamDestroy_v2(void *h)
 	return OK;
 }
 
+/* Host-to-device bytes queued, and those whose source and destination sat
+ * at different offsets within 256 bytes (fst_double_h2d_bytes). */
+static atomic_long h2d_bytes, h2d_out_of_phase;
+
 API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *h)
 {
 	if (!device_range_ok(dst, n))
 		return ILLEGAL_ADDRESS;
+	atomic_fetch_add(&h2d_bytes, (long)n);
+	if (((uintptr_t)src - (uintptr_t)dst) % 256)
+		atomic_fetch_add(&h2d_out_of_phase, (long)n);
 	/* Poison now: whoever reads before waiting for the copy sees it. */
 	memset((char *)(uintptr_t)dst, POISON, n);
 	enqueue(h, OP_COPY, (char *)(uintptr_t)dst, src, n);
@@ -713,6 +720,13 @@ API long fst_double_live_registered(void) { return atomic_load(&live_registered)
 API long fst_double_resident_at_register(void) { return atomic_load(&resident_at_register); }
 API long fst_double_streams_made(void) { return atomic_load(&streams_made); }
 API long fst_double_streams_at_register(void) { return atomic_load(&streams_at_register); }
+/* Bytes of cuMemcpyHtoDAsync since the last call: all of them, or
+ * (out_of_phase) those copied between addresses at different offsets within
+ * 256 bytes; the count restarts. */
+API long fst_double_h2d_bytes(int out_of_phase)
+{
+	return atomic_exchange(out_of_phase ? &h2d_out_of_phase : &h2d_bytes, 0);
+}
 /* Whether p is a device address of a DEVICEMAP block (not its host address). */
 API int fst_double_is_mapped_device(const void *p)
 {
