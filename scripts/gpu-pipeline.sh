@@ -70,9 +70,7 @@ if [ "${ROWS:-all}" = phase ]; then
 		"slots $def"
 		"slots $def --slot-skew 8"
 		"slots $def --slot-skew 64"
-		"pipeline $def"
 		"pipeline $def --device-skew 8"
-		"pipeline $def --slot-skew 8 --device-skew 8"
 	)
 fi
 echo "# $(date -u +%FT%TZ) ${#files[@]} files, $(du -cb "${files[@]}" | tail -1 | cut -f1) bytes, $RUNS runs a row"

@@ -53,11 +53,11 @@
 #           on a bare machine the wheel and gpt-oss-20b first
 #   STEP=8  copies in phase (FST_ALIGN_COPIES) on gpt-oss-20b in the page
 #           cache: the bare pipeline's copies in and out of phase
-#           (pipeline.txt, ROWS=phase), `fst load` with FST_ALIGN_COPIES=1
-#           and 0 in alternating processes (phase-ab.txt, AB_ROUNDS rounds,
-#           default 4), then one warm peers.py round of WARM_PHASE (fst.load
-#           both ways, the iterator, InstantTensor's buffered backend) in
-#           the time left; on a bare machine the wheel and gpt-oss-20b first
+#           (pipeline.txt, ROWS=phase), `fst load` with FST_ALIGN_COPIES=0,
+#           1 and 2 in alternating processes (phase-ab.txt, AB_ROUNDS
+#           rounds, default 4, each in another order), then one warm
+#           peers.py round of WARM_PHASE (fst.load each way) in the time
+#           left; on a bare machine the wheel and gpt-oss-20b first
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
 # pass took 10-15 s there, a cold one about 25 s: bench/results/
 # h200-2026-12-02-sbs); a cold round is one peers.py run continued with
@@ -187,16 +187,16 @@ case $STEP in
 		ck=$WORK/ck/gpt-oss-20b
 		ROWS=phase timeout "$(left 30)" bash scripts/gpu-pipeline.sh "$ck" >"$OUT/pipeline.txt" 2>&1
 		fst=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/fst
+		# each round the three ways in another order: 0 1 2, 1 2 0, 2 0 1, ...
 		for r in $(seq "${AB_ROUNDS:-4}"); do
-			ways="1 0"
-			[ $((r % 2)) = 0 ] && ways="0 1"
-			for v in $ways; do
+			for k in 0 1 2; do
+				v=$(((r - 1 + k) % 3))
 				printf 'round %s FST_ALIGN_COPIES=%s: ' "$r" "$v"
 				FST_ALIGN_COPIES=$v timeout 60 "$fst" load "$ck" --device cuda:0 --json \
-					--no-progress | python3 -c 'import json, sys; j = json.load(sys.stdin); print("%.3f s %.2f GB/s" % (j["seconds"], j["gbps"]))'
+					--no-progress | python3 -c 'import json, sys; j = json.load(sys.stdin); print("%.3f s %.2f GB/s; %s" % (j["seconds"], j["gbps"], j["path_chosen"]))'
 			done
 		done >"$OUT/phase-ab.txt" 2>&1
-		WARM=${WARM_PHASE:-fst.load,fst.load+FST_ALIGN_COPIES=1,fst.iter_into_params,instanttensor.buffered} \
+		WARM=${WARM_PHASE:-fst.load,fst.load+FST_ALIGN_COPIES=1,fst.load+FST_ALIGN_COPIES=2} \
 			WARM_ROUNDS=${WARM_ROUNDS:-1} peers gpt-oss-20b warm "$(left 30)"
 	fi
 	if [ "$STEP" = 3 ] || [ "${ALSO_FIRST_LOAD:-0}" = 1 ]; then

@@ -53,7 +53,8 @@ static const char *const names[FSTI_ENV_COUNT] = {
 	[FSTI_ENV_WARM_DISK] = "FST_WARM_DISK",
 	/* whether a chunk read through the page cache for a GPU lands in its
 	 * slot where its copy's source and destination share their offset
-	 * within FSTI_COPY_PHASE bytes: 1, or 0 (the default); at each load */
+	 * within FSTI_COPY_PHASE bytes (1), or is copied whole to device scratch
+	 * in phase first (2); 0, the default, neither; at each load */
 	[FSTI_ENV_ALIGN_COPIES] = "FST_ALIGN_COPIES",
 	/* the libcurl to open instead of libcurl.so.4; read once (net/curl.c) */
 	[FSTI_ENV_CURL_LIBRARY] = "FST_CURL_LIBRARY",

@@ -154,6 +154,10 @@ struct cuda_load {
 	int device;
 	struct pinned_block pinned; /* every worker's slots */
 	uint64_t pinned_len;        /* their bytes (0: no worker) */
+	/* FST_ALIGN_COPIES=2: device memory of pinned_len, a slot for each
+	 * pinned one, where each chunk lands whole in its slot's phase before
+	 * its pieces are copied to their tensors on the device */
+	CUdeviceptr scratch;
 	atomic_uint workers;        /* slot sets handed out */
 	pthread_mutex_t gate_lock;
 	pthread_cond_t gate_cond;
@@ -165,6 +169,7 @@ struct cuda_worker {
 	CUstream stream;
 	CUevent ev[FSTI_SLOTS];
 	bool ev_made[FSTI_SLOTS];
+	CUdeviceptr scratch[FSTI_SLOTS]; /* 0: copies go straight to the tensors */
 	const struct fsti_chunk *pending[FSTI_SLOTS];
 	bool failed[FSTI_SLOTS]; /* a copy of the slot's chunk could not be queued */
 	char *slot[FSTI_SLOTS];
@@ -265,6 +270,17 @@ static int cuda_load_init(struct fsti_engine *e, fst_error *err)
 	 * to 11 ms on the H200: bench/results/h200-2026-12-02-first-load).
 	 * No worker (no byte to read) needs none; a kept block is ready. */
 	l->pinned_len = (uint64_t)e->nthreads * FSTI_SLOTS * e->slot_bytes;
+	if (e->copy_phase == FSTI_PHASE_ON_DEVICE && l->pinned_len) {
+		CUresult r = fsti_fault("device_alloc") ? FSTI_CUDA_ERROR_OUT_OF_MEMORY
+							: cu->cuMemAlloc_v2(&l->scratch, l->pinned_len);
+		if (r) {
+			l->scratch = 0;
+			return fsti_cuda_fail(cu, r, err,
+					      "cuda:%d: cannot allocate %" PRIu64 " bytes of device "
+					      "scratch (FST_ALIGN_COPIES=2)",
+					      b->device_id, l->pinned_len);
+		}
+	}
 	l->gate = !l->pinned_len || pinned_take(l->pinned_len, &l->pinned) ? PIN_READY
 									    : PIN_PENDING;
 	return 0;
@@ -318,6 +334,17 @@ static void cuda_load_fini(struct fsti_engine *e)
 	/* the workers are gone and their streams idle: no copy reads the slots */
 	if (l->pinned.p)
 		pinned_put(l->cu, l->pinned);
+	if (l->scratch) {
+		fst_error err;
+		void *saved = fsti_cuda_save();
+		if (fsti_cuda_use_device(l->cu, l->device, &err) == 0)
+			l->cu->cuMemFree_v2(l->scratch);
+		else
+			fsti_log(FST_LOG_ERROR, "leaking %" PRIu64 " bytes of device scratch on "
+						"cuda:%d: %s",
+				 l->pinned_len, l->device, err.message);
+		fsti_cuda_restore(saved);
+	}
 	pthread_mutex_destroy(&l->gate_lock);
 	pthread_cond_destroy(&l->gate_cond);
 	fsti_free(l);
@@ -362,6 +389,8 @@ static int cuda_worker_init(struct fsti_engine *e, void **state, fst_error *err)
 	char *mine = l->pinned.p + (uint64_t)k * FSTI_SLOTS * e->slot_bytes;
 	for (int s = 0; s < FSTI_SLOTS; s++)
 		w->slot[s] = mine + (unsigned)s * e->slot_bytes;
+	for (int s = 0; l->scratch && s < FSTI_SLOTS; s++)
+		w->scratch[s] = l->scratch + ((uint64_t)k * FSTI_SLOTS + (unsigned)s) * e->slot_bytes;
 	return 0;
 }
 
@@ -420,6 +449,42 @@ static int h2d_piece(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len)
 	return h->r ? -1 : 0;
 }
 
+/* A piece from the chunk's copy in device scratch (FST_ALIGN_COPIES=2). */
+struct d2d {
+	const struct fsti_cuda *cu;
+	CUdeviceptr base, src;
+	CUstream stream;
+	CUresult r;
+};
+
+static int d2d_piece(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len)
+{
+	struct d2d *d = ctx;
+	d->r = fsti_fault("h2d") ? 1
+				 : d->cu->cuMemcpyDtoDAsync_v2(d->base + dst_off, d->src + at,
+							       (size_t)len, d->stream);
+	return d->r ? -1 : 0;
+}
+
+/* Chunk c's bytes at where copied whole to scratch, at where's offset
+ * within FSTI_COPY_PHASE (so the copy from the host is in phase however
+ * the tensors lie), then piece by piece to the tensors on the device,
+ * all on the worker's stream. */
+static CUresult via_scratch(struct fsti_engine *e, struct cuda_worker *w, int s,
+			    const struct fsti_chunk *c, const char *where)
+{
+	const struct fsti_cuda *cu = w->load->cu;
+	CUdeviceptr at = w->scratch[s] + ((uintptr_t)where & (FSTI_COPY_PHASE - 1));
+	CUresult r = fsti_fault("h2d") ? 1
+				       : cu->cuMemcpyHtoDAsync_v2(at, where, (size_t)c->len,
+								  w->stream);
+	if (r)
+		return r;
+	struct d2d d = {cu, (CUdeviceptr)(uintptr_t)e->buf->base, at, w->stream, 0};
+	fsti_chunk_pieces(&e->plan, c, d2d_piece, &d);
+	return d.r;
+}
+
 /* The piece of a chunk with the most bytes: where it starts in the chunk
  * and on the device. */
 struct largest {
@@ -453,7 +518,10 @@ static int cuda_deliver(struct fsti_engine *e, void *state, int s, const struct 
 	struct cuda_worker *w = state;
 	const struct fsti_cuda *cu = w->load->cu;
 	struct h2d h = {cu, (CUdeviceptr)(uintptr_t)e->buf->base, where, w->stream, 0};
-	fsti_chunk_pieces(&e->plan, c, h2d_piece, &h);
+	if (w->scratch[s])
+		h.r = via_scratch(e, w, s, c, where);
+	else
+		fsti_chunk_pieces(&e->plan, c, h2d_piece, &h);
 	/* Record the event even after a failed copy, so waiting on the slot
 	 * covers whatever was queued before the failure. */
 	CUresult r = fsti_fault("event") ? 999 : cu->cuEventRecord(w->ev[s], w->stream);

@@ -238,7 +238,7 @@ static int run_slots(struct fsti_engine *e, const struct worker_role *role, void
 			}
 			char *buf;
 			rc = e->sink->slot_buffer(e, sstate, s, &buf, err);
-			if (!rc && e->align_copies && role->reader->any_buffer &&
+			if (!rc && e->copy_phase == FSTI_PHASE_IN_SLOT && role->reader->any_buffer &&
 			    e->sink->landing_skew)
 				buf += e->sink->landing_skew(e, c);
 			if (role->helper)
@@ -444,16 +444,14 @@ static int reads_in_flight(unsigned *out, fst_error *err)
 	return env_digit(FSTI_ENV_READS_IN_FLIGHT, 1, FSTI_SLOTS, out, err);
 }
 
-/* FST_ALIGN_COPIES: 0 (chunks land at their slots' start; also where unset
- * or empty) or 1 (at the sink's landing_skew) */
-static int align_copies(bool *out, fst_error *err)
+/* FST_ALIGN_COPIES: 0 (also where unset or empty), 1 or 2 (enum
+ * fsti_copy_phase) */
+static int copy_phase(enum fsti_copy_phase *out, fst_error *err)
 {
-	const char *v = fsti_env(FSTI_ENV_ALIGN_COPIES);
-	*out = v && !strcmp(v, "1");
-	if (*out || !v || !*v || !strcmp(v, "0"))
-		return 0;
-	return fsti_err(err, FST_EUSAGE, "%s=\"%s\": expected 0 or 1",
-			fsti_env_name(FSTI_ENV_ALIGN_COPIES), v);
+	unsigned v;
+	int rc = env_digit(FSTI_ENV_ALIGN_COPIES, 0, 2, &v, err);
+	*out = (enum fsti_copy_phase)v;
+	return rc;
 }
 
 /* FST_WARM_DISK: the disk helpers asked for, 0 (off, and where unset) to
@@ -594,11 +592,18 @@ static void describe(struct fsti_engine *e)
 		snprintf(helpers, sizeof helpers,
 			 ", and %u disk helper%s reading the end with O_DIRECT (FST_WARM_DISK)",
 			 e->disk_helpers, e->disk_helpers == 1 ? "" : "s");
+	/* FST_ALIGN_COPIES, where it changes the copies */
+	const char *phase = "";
+	if (e->sink == &fsti_sink_cuda && e->copy_phase == FSTI_PHASE_ON_DEVICE)
+		phase = ", copied in phase through device scratch (FST_ALIGN_COPIES=2)";
+	else if (e->sink == &fsti_sink_cuda && e->copy_phase == FSTI_PHASE_IN_SLOT &&
+		 e->reader->any_buffer)
+		phase = ", read into the slots in the copies' phase (FST_ALIGN_COPIES=1)";
 	unsigned workers = e->nthreads - e->disk_helpers;
 	snprintf(e->describe, sizeof e->describe,
-		 "%s%s%s, %u thread%s, %s chunks%s%s%s%s: %s%s%s%s%s%s%s",
+		 "%s%s%s, %u thread%s, %s chunks%s%s%s%s%s: %s%s%s%s%s%s%s",
 		 fsti_gds_direct_count(e->gds) ? "cuFile where registered, else " : "", e->reader->name,
-		 how, workers, workers == 1 ? "" : "s", chunk, streams, depth, ahead, helpers, e->why,
+		 how, workers, workers == 1 ? "" : "s", chunk, streams, depth, ahead, helpers, phase, e->why,
 		 cache[0] ? "; " : "", cache, e->platform_why[0] ? "; " : "", e->platform_why,
 		 fsti_gds_why(e->gds)[0] ? "; " : "", fsti_gds_why(e->gds));
 }
@@ -669,7 +674,7 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	if (!rc)
 		rc = reads_in_flight(&e->reads_in_flight, err);
 	if (!rc)
-		rc = align_copies(&e->align_copies, err);
+		rc = copy_phase(&e->copy_phase, err);
 	if (!rc)
 		rc = fsti_checkpoint_is_remote(ck) ? choose_remote(e, opts, err)
 						   : choose_io(e, err);

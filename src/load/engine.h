@@ -86,6 +86,13 @@ void fsti_cuda_release_device_buffer(struct fst_buffer *b);
 #define FSTI_COPY_PHASE 256u
 _Static_assert(FSTI_COPY_PHASE <= FSTI_DIRECT_ALIGN, "a skewed chunk fits its slot");
 
+/* FST_ALIGN_COPIES: 0, copies go as the bytes lie; 1, a chunk read with
+ * pread lands in its slot at the sink's landing_skew (the CPU's copy out
+ * of the page cache goes out of phase instead); 2, each chunk is copied
+ * whole to device scratch in its slot's phase, then to its tensors on the
+ * device (cuda_sink.c). */
+enum fsti_copy_phase { FSTI_PHASE_AS_READ, FSTI_PHASE_IN_SLOT, FSTI_PHASE_ON_DEVICE };
+
 struct fsti_sink {
 	const char *name;
 	/* How it moves the bytes, for the load's description ("" or ", ..."). */
@@ -203,10 +210,10 @@ struct fsti_engine {
 	/* FST_READS_IN_FLIGHT: reads a worker keeps in flight in slot mode,
 	 * 1 to FSTI_SLOTS */
 	unsigned reads_in_flight;
-	/* FST_ALIGN_COPIES=1: chunks land in their slots at the sink's
-	 * landing_skew (off by default: docs/design.md, "Past the copy
+	/* FST_ALIGN_COPIES: how copies to a GPU meet tensors that sit out of
+	 * their file's phase (off by default: docs/design.md, "Past the copy
 	 * limit") */
-	bool align_copies;
+	enum fsti_copy_phase copy_phase;
 	/* Disk helpers (FST_WARM_DISK): the last disk_helpers of the nthreads
 	 * workers read, from a load's page-cached files, chunks from the end of
 	 * the plan with O_DIRECT (disk_src), while the others read from its
