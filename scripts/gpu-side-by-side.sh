@@ -52,10 +52,10 @@
 #           (pipeline.txt: scripts/gpu-pipeline.sh, bench/pipeline_probe.c);
 #           on a bare machine the wheel and gpt-oss-20b first
 #   STEP=8  copies in phase (FST_ALIGN_COPIES) on gpt-oss-20b in the page
-#           cache: the bare pipeline's copies in and out of phase
-#           (pipeline.txt, ROWS=phase), `fst load` with FST_ALIGN_COPIES=0,
-#           1 and 2 in alternating processes (phase-ab.txt, AB_ROUNDS
-#           rounds, default 4, each in another order), then one warm
+#           cache: `fst load` with FST_ALIGN_COPIES=0, 1 and 2 in
+#           alternating processes (phase-ab.txt, AB_ROUNDS rounds, default
+#           4, each in another order), the bare pipeline's copies in and out
+#           of phase (pipeline.txt, ROWS=phase), then one warm
 #           peers.py round of WARM_PHASE (fst.load each way) in the time
 #           left; on a bare machine the wheel and gpt-oss-20b first
 # Each step stays inside one call's 10 minutes on the H200 machine (a warm
@@ -185,7 +185,6 @@ case $STEP in
 	fi
 	if [ "$STEP" = 8 ]; then
 		ck=$WORK/ck/gpt-oss-20b
-		ROWS=phase timeout "$(left 30)" bash scripts/gpu-pipeline.sh "$ck" >"$OUT/pipeline.txt" 2>&1
 		fst=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/fst
 		# each round the three ways in another order: 0 1 2, 1 2 0, 2 0 1, ...
 		for r in $(seq "${AB_ROUNDS:-4}"); do
@@ -196,6 +195,7 @@ case $STEP in
 					--no-progress | python3 -c 'import json, sys; j = json.load(sys.stdin); print("%.3f s %.2f GB/s; %s" % (j["seconds"], j["gbps"], j["path_chosen"]))'
 			done
 		done >"$OUT/phase-ab.txt" 2>&1
+		ROWS=phase timeout "$(left 30)" bash scripts/gpu-pipeline.sh "$ck" >"$OUT/pipeline.txt" 2>&1
 		WARM=${WARM_PHASE:-fst.load,fst.load+FST_ALIGN_COPIES=1,fst.load+FST_ALIGN_COPIES=2} \
 			WARM_ROUNDS=${WARM_ROUNDS:-1} peers gpt-oss-20b warm "$(left 30)"
 	fi
