@@ -267,6 +267,12 @@ FST_API const char *fst_checkpoint_path(const fst_checkpoint *ckpt);
 /* The index file used, or NULL; a URL shown as by fst_checkpoint_path
  * (since 0.1). */
 FST_API const char *fst_checkpoint_index_path(const fst_checkpoint *ckpt);
+/* path as fst shows it, into out (size bytes, NUL-ended, cut to fit; out
+ * may be NULL when size is 0): an http(s) URL's password and query as
+ * "***", anything else as given; for naming an input that could not be
+ * opened. Returns the length of the whole text, as snprintf does (since
+ * 0.1). */
+FST_API size_t fst_display_path(const char *path, char *out, size_t size);
 FST_API size_t fst_checkpoint_file_count(const fst_checkpoint *ckpt);
 /* File i; owned by the checkpoint (since 0.1). */
 FST_API const fst_file *fst_checkpoint_file(const fst_checkpoint *ckpt, size_t i);

@@ -142,21 +142,32 @@ static void secrets(const char *url, size_t at[2], size_t len[2])
 	}
 }
 
-char *fsti_url_display(const char *url)
+size_t fst_display_path(const char *path, char *out, size_t size)
 {
-	size_t at[2], len[2];
-	secrets(url, at, len);
-	size_t n = strlen(url) + 7, o = 0, from = 0;
-	char *out = fsti_malloc(n);
+	if (!path)
+		path = "";
 	if (!out)
-		return NULL;
+		size = 0;
+	size_t at[2], len[2];
+	secrets(path, at, len);
+	size_t n = 0, from = 0;
 	for (int i = 0; i < 2; i++) {
 		if (!len[i])
 			continue;
-		o += (size_t)snprintf(out + o, n - o, "%.*s***", (int)(at[i] - from), url + from);
+		n += (size_t)snprintf(size > n ? out + n : NULL, size > n ? size - n : 0, "%.*s***",
+				      (int)(at[i] - from), path + from);
 		from = at[i] + len[i];
 	}
-	snprintf(out + o, n - o, "%s", url + from);
+	return n + (size_t)snprintf(size > n ? out + n : NULL, size > n ? size - n : 0, "%s",
+				    path + from);
+}
+
+char *fsti_url_display(const char *url)
+{
+	size_t n = fst_display_path(url, NULL, 0) + 1;
+	char *out = fsti_malloc(n);
+	if (out)
+		fst_display_path(url, out, n);
 	return out;
 }
 

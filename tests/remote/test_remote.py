@@ -318,7 +318,14 @@ def test_url_secrets_are_not_shown(fault, root, fst_env):
     bad = f"http://alice:hunter2@{host}/missing/one/model.safetensors?sig=s3cr3t"
     r3 = run_fst("load", bad, env=env)
     assert r3.returncode == 4 and "HTTP 404" in r3.stderr, r3.stderr
-    for out in (r.stdout, r.stderr, r2.stdout, r2.stderr, r3.stdout, r3.stderr):
+    # a failed input of inspect --json is named as fst names it
+    r4 = run_fst("inspect", "--json", bad, env=env)
+    assert r4.returncode == 4, r4.stderr
+    failed = json.loads(r4.stdout)
+    assert failed[0]["ok"] is False, failed
+    assert failed[0]["path"] == f"http://alice:***@{host}/missing/one/model.safetensors?***", failed
+    for out in (r.stdout, r.stderr, r2.stdout, r2.stderr, r3.stdout, r3.stderr, r4.stdout,
+                r4.stderr):
         assert "hunter2" not in out and "s3cr3t" not in out, out
     assert f"http://alice:***@{host}/missing/one/model.safetensors?***" in r3.stderr, r3.stderr
     shown = json.loads(r2.stdout)

@@ -146,6 +146,22 @@ static void test_url_display_and_hide(void **state)
 		assert_string_equal(d, cases[i][1]);
 		fsti_free(d);
 	}
+	/* the public form: the same text, cut to fit as snprintf cuts, its
+	 * whole length returned */
+	char out[32];
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		size_t want = strlen(cases[i][1]);
+		assert_int_equal(fst_display_path(cases[i][0], NULL, 0), want);
+		assert_int_equal(fst_display_path(cases[i][0], out, sizeof out), want);
+		assert_true(strncmp(out, cases[i][1], sizeof out - 1) == 0);
+		assert_int_equal(strlen(out), want < sizeof out ? want : sizeof out - 1);
+	}
+	assert_int_equal(fst_display_path("http://u:pw@h/x?s", out, 12), 20);
+	assert_string_equal(out, "http://u:**");
+	assert_int_equal(fst_display_path("http://u:pw@h/x?s", out, 1), 20);
+	assert_string_equal(out, "");
+	assert_int_equal(fst_display_path(NULL, out, sizeof out), 0);
+	assert_string_equal(out, "");
 	/* every occurrence, a shard's URL made from it too; a 1-character
 	 * password grows to "***" within the buffer's size */
 	char text[64] = "http://u:p@h/a.json?q=1: shard http://u:p@h/b: q=1 bad";

@@ -75,13 +75,20 @@ static bool file_json(json_t *out, const fst_file *f)
 	return ok;
 }
 
-/* A failed input's object. */
+/* A failed input's object, named as fst names it (a URL's secrets hidden). */
 static bool error_json(json_t *out, const char *path, const char *message)
 {
+	size_t n = fst_display_path(path, NULL, 0) + 1;
+	char *shown = malloc(n);
+	if (!shown)
+		return false;
+	fst_display_path(path, shown, n);
 	json_t *o = json_object();
-	return cli_json_push(out, o) && cli_json_put_path(o, "path", path) &&
-	       cli_json_put(o, "ok", json_false()) &&
-	       cli_json_put(o, "error", cli_json_text(message));
+	bool ok = cli_json_push(out, o) && cli_json_put_path(o, "path", shown) &&
+		  cli_json_put(o, "ok", json_false()) &&
+		  cli_json_put(o, "error", cli_json_text(message));
+	free(shown);
+	return ok;
 }
 
 struct summary {
