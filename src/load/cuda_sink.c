@@ -432,38 +432,30 @@ static int cuda_slot_buffer(struct fsti_engine *e, void *state, int s, char **bu
 	return rc;
 }
 
-struct h2d {
+/* The copies of a chunk's pieces to their tensors: from the staged bytes
+ * at src, or (FST_ALIGN_COPIES=2) from their copy in device scratch at
+ * dev_src. */
+struct to_tensors {
 	const struct fsti_cuda *cu;
 	CUdeviceptr base;
 	const char *src;
+	CUdeviceptr dev_src; /* 0: from src */
 	CUstream stream;
 	CUresult r;
 };
 
-static int h2d_piece(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len)
+static int copy_piece(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len)
 {
-	struct h2d *h = ctx;
-	h->r = fsti_fault("h2d") ? 1
-				 : h->cu->cuMemcpyHtoDAsync_v2(h->base + dst_off, h->src + at,
-							       (size_t)len, h->stream);
-	return h->r ? -1 : 0;
-}
-
-/* A piece from the chunk's copy in device scratch (FST_ALIGN_COPIES=2). */
-struct d2d {
-	const struct fsti_cuda *cu;
-	CUdeviceptr base, src;
-	CUstream stream;
-	CUresult r;
-};
-
-static int d2d_piece(void *ctx, uint64_t at, uint64_t dst_off, uint64_t len)
-{
-	struct d2d *d = ctx;
-	d->r = fsti_fault("h2d") ? 1
-				 : d->cu->cuMemcpyDtoDAsync_v2(d->base + dst_off, d->src + at,
-							       (size_t)len, d->stream);
-	return d->r ? -1 : 0;
+	struct to_tensors *t = ctx;
+	if (fsti_fault("h2d"))
+		t->r = 1;
+	else if (t->dev_src)
+		t->r = t->cu->cuMemcpyDtoDAsync_v2(t->base + dst_off, t->dev_src + at, (size_t)len,
+						   t->stream);
+	else
+		t->r = t->cu->cuMemcpyHtoDAsync_v2(t->base + dst_off, t->src + at, (size_t)len,
+						   t->stream);
+	return t->r ? -1 : 0;
 }
 
 /* Chunk c's bytes at where copied whole to scratch, at where's offset
@@ -480,9 +472,9 @@ static CUresult via_scratch(struct fsti_engine *e, struct cuda_worker *w, int s,
 								  w->stream);
 	if (r)
 		return r;
-	struct d2d d = {cu, (CUdeviceptr)(uintptr_t)e->buf->base, at, w->stream, 0};
-	fsti_chunk_pieces(&e->plan, c, d2d_piece, &d);
-	return d.r;
+	struct to_tensors t = {cu, (CUdeviceptr)(uintptr_t)e->buf->base, NULL, at, w->stream, 0};
+	fsti_chunk_pieces(&e->plan, c, copy_piece, &t);
+	return t.r;
 }
 
 /* The piece of a chunk with the most bytes: where it starts in the chunk
@@ -517,11 +509,11 @@ static int cuda_deliver(struct fsti_engine *e, void *state, int s, const struct 
 {
 	struct cuda_worker *w = state;
 	const struct fsti_cuda *cu = w->load->cu;
-	struct h2d h = {cu, (CUdeviceptr)(uintptr_t)e->buf->base, where, w->stream, 0};
+	struct to_tensors h = {cu, (CUdeviceptr)(uintptr_t)e->buf->base, where, 0, w->stream, 0};
 	if (w->scratch[s])
 		h.r = via_scratch(e, w, s, c, where);
 	else
-		fsti_chunk_pieces(&e->plan, c, h2d_piece, &h);
+		fsti_chunk_pieces(&e->plan, c, copy_piece, &h);
 	/* Record the event even after a failed copy, so waiting on the slot
 	 * covers whatever was queued before the failure. */
 	CUresult r = fsti_fault("event") ? 999 : cu->cuEventRecord(w->ev[s], w->stream);
