@@ -226,14 +226,28 @@ static void test_files_count_by_their_bytes(void **state)
 	static const enum fsti_residency_probe probes[] = {FSTI_RESIDENCY_MINCORE,
 							    FSTI_RESIDENCY_NOWAIT};
 	for (int p = 0; p < 2; p++) {
-		/* the small file alone */
-		for (int i = 0; i < 100 && fsti_cached_fraction_by(two, FSTI_RESIDENCY_MINCORE) > 0;
-		     i++) {
-			lh_evict(two);
-			usleep(20000);
+		/* the small file alone. On a busy machine the RWF_NOWAIT sample
+		 * found pages of the evicted large file cached in 2 of about 10
+		 * parallel runs (0.092 and 0.154 against a share of 0.015; the
+		 * cause not found, as in test_not_the_owner): up to three
+		 * samples, each after evicting again, and the share must be
+		 * said at least once. */
+		double f = 1;
+		for (int tries = 0; tries < 3 && f > share + 0.02; tries++) {
+			for (int i = 0;
+			     i < 100 && fsti_cached_fraction_by(two, FSTI_RESIDENCY_MINCORE) > 0; i++) {
+				lh_evict(two);
+				usleep(20000);
+			}
+			read_prefix_of(fst_file_fd(fs[1]), fst_file_size(fs[1]));
+			f = fsti_cached_fraction_by(two, probes[p]);
+			if (f < 0)
+				break;
+			if (f > share + 0.02)
+				fprintf(stderr, "probe %d, the small file cached: %.3f, its share "
+						"%.3f; evicted again\n",
+					p, f, share);
 		}
-		read_prefix_of(fst_file_fd(fs[1]), fst_file_size(fs[1]));
-		double f = fsti_cached_fraction_by(two, probes[p]);
 		if (f < 0)
 			break; /* no RWF_NOWAIT here */
 		if (f > share + 0.02)
