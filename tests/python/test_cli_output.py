@@ -11,6 +11,7 @@ verify's comparison."""
 import json
 import os
 import shlex
+import shutil
 import subprocess
 
 import pytest
@@ -548,7 +549,6 @@ def test_bench_cold_rows_skipped_when_the_cache_keeps_the_files(small, tmp_path_
     shm = "/dev/shm"
     if not os.path.isdir(shm) or not os.access(shm, os.W_OK) or fs_type(shm) != "tmpfs":
         pytest.skip("no writable tmpfs at /dev/shm")
-    import shutil
     import tempfile
     d = tempfile.mkdtemp(dir=shm, prefix="fst-bench-")
     try:
@@ -624,6 +624,42 @@ def test_progress_bar_on_a_terminal_leaves_nothing_behind(gen_dir):
     total = lines[-1].split("] ")[1].split(" / ")[1].split("  ")[0]
     assert lines[-1].split("] ")[1].startswith(f"{total} / {total}  "), lines[-1]
     assert lines[-1].rstrip(" ").endswith(" s left"), lines[-1]
+
+
+def test_progress_bar_of_a_checked_load(gen_dir, tmp_path):
+    """With --check the load is the streaming form under the CLI's checking
+    threads (tools/fst/hash.c), not fst_load: the bar still reaches the
+    total when every digest is equal, and a bar drawn before a mismatch ends
+    its line, so the error starts a line of its own."""
+    ck = gen_dir(shards=2, seed=23, size="32MiB", tag="-progress-check")
+    man = tmp_path / "m.json"
+    assert fst("verify", ck, "--manifest", man).returncode == 0
+    load = ["--io", "pread", "--threads", "1", "--chunk", "4KiB", "--check", man]
+    code, out, tty = run_on_a_pty("load", ck, *load)
+    assert code == 0, tty
+    assert "every digest equal" in out and "loaded " in out, out
+    bar = tty.replace("\r\n", "\n")
+    assert bar.startswith("\r[") and bar.endswith("\n"), repr(bar[-200:])
+    last = bar[:-1].split("\r")[-1]
+    total = last.split("] ")[1].split(" / ")[1].split("  ")[0]
+    assert last.split("] ")[1].startswith(f"{total} / {total}  "), last
+
+    bad = tmp_path / "bad"
+    shutil.copytree(ck, bad)
+    shard = sorted(bad.glob("*.safetensors"))[-1]
+    name, begin, _ = largest_tensor(shard)
+    flip_in_place(shard, begin + 100)
+    code, out, tty = run_on_a_pty("load", bad, *load)
+    assert code == 3, tty
+    assert out == "", out
+    # the bar shows from the first 100 ms tick: a mismatch may come first
+    text = tty.replace("\r\n", "\n")
+    at = text.index("fst load: ")
+    bar, message = text[:at], text[at + len("fst load: "):]
+    assert bar == "" or (bar.startswith("\r[") and bar.endswith("\n")
+                         and "\n" not in bar[:-1]), repr(tty[-300:])
+    assert message.startswith(f"{shard}: tensor \"{name}\": XXH3-128"), message
+    assert "but the manifest says" in message and message.endswith("\n"), message
 
 
 def test_an_injected_failure_says_so(small):
