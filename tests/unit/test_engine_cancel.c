@@ -2,7 +2,8 @@
  * io method (twice is fine; next and finish report FST_ECANCELED; a view
  * handed out before keeps its bytes), from another thread while this one
  * waits in next or finish (a cancel always wins, even after the last byte),
- * and fst_loader_free without finish after 0 to 20 tensors (a view taken
+ * after next has handed out every tensor (deterministically), and
+ * fst_loader_free without finish after 0 to 20 tensors (a view taken
  * before still works). Nothing is left allocated or open after any of them. */
 #include "format.h"
 #include "load_helpers.h"
@@ -107,6 +108,51 @@ static void test_cancel_from_another_thread(void **state)
 	fst_checkpoint_close(ck);
 }
 
+/* The deterministic end of the race above: every tensor handed out (next
+ * said 0), the workers done, and then a cancel: finish still reports it and
+ * hands out nothing; views taken before keep their bytes. */
+static void test_cancel_after_the_last_tensor(void **state)
+{
+	(void)state;
+	fst_checkpoint *ck = lh_open(lh_big_path());
+	lh_files fs;
+	lh_files_read(ck, &fs);
+	long allocs = fsti_live_allocations();
+	int fds = lh_count_fds();
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.io = FST_IO_PREAD;
+	o.threads = 2;
+	fst_loader *ld;
+	fst_error err;
+	assert_int_equal(fst_load_start(ck, &o, &ld, &err), 0);
+	fst_tensor_view last = {0}, v;
+	size_t handed = 0;
+	int rc;
+	while ((rc = fst_loader_next(ld, &v, &err)) == 1) {
+		fst_view_release(&last);
+		last = v;
+		handed++;
+	}
+	assert_int_equal(rc, 0);
+	assert_int_equal(handed, fst_checkpoint_tensor_count(ck));
+	uint64_t done, total;
+	fst_loader_progress(ld, &done, &total);
+	assert_int_equal(done, total);
+	fst_loader_cancel(ld);
+	assert_int_equal(fst_loader_next(ld, &v, &err), FST_ECANCELED);
+	fst_buffer *buf = (fst_buffer *)&v; /* must be overwritten */
+	assert_int_equal(fst_loader_finish(ld, &buf, &err), FST_ECANCELED);
+	assert_null(buf);
+	assert_has(err.message, "cancel");
+	lh_check_view(ck, &fs, last.index, &last, 256, false, "pread");
+	fst_view_release(&last);
+	assert_int_equal(fsti_live_allocations(), allocs);
+	assert_int_equal(lh_count_fds(), fds);
+	lh_files_free(&fs);
+	fst_checkpoint_close(ck);
+}
+
 static void test_free_without_finish(void **state)
 {
 	(void)state;
@@ -154,6 +200,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cancel_mid_load),
 		cmocka_unit_test(test_cancel_from_another_thread),
+		cmocka_unit_test(test_cancel_after_the_last_tensor),
 		cmocka_unit_test(test_free_without_finish),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
