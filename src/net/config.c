@@ -156,6 +156,10 @@ static int credentials(struct fsti_remote *r, const struct profile *p, const cha
 				"AWS credentials from %s: an access key id needs its secret access "
 				"key and the other way round",
 				from);
+	/* "aws_session_token =" with nothing after it is no token, as the
+	 * AWS SDKs read it: an empty header would be signed and not sent */
+	if (token && !*token)
+		token = NULL;
 	r->sign = true;
 	snprintf(r->why, sizeof r->why, "signed (AWS SigV4, region %s) with access key %.8s... from %s",
 		 r->region, id, from);

@@ -432,7 +432,8 @@ static void test_config_files(void **state)
 	snprintf(conf, sizeof conf, "%s/config", aws);
 	write_text(cred, "[default]\naws_access_key_id = AKIDDEFAULT\naws_secret_access_key = s1\n"
 			 "[dev]\naws_access_key_id = AKIDDEV\naws_secret_access_key = s2\n"
-			 "aws_session_token = t2\n");
+			 "aws_session_token = t2\n[blank]\naws_access_key_id = AKIDBLANK\n"
+			 "aws_secret_access_key = s4\naws_session_token =\n");
 	write_text(conf, "[default]\nregion = eu-west-3\n[profile dev]\nregion = us-west-1\n"
 			 "endpoint_url = http://127.0.0.1:4566\n[profile conly]\n"
 			 "aws_access_key_id = AKIDCONF\naws_secret_access_key = s3\n");
@@ -456,6 +457,12 @@ static void test_config_files(void **state)
 	o.profile = "conly";
 	r = resolve(&o, 0, &err);
 	assert_string_equal(r->key_id, "AKIDCONF");
+	fsti_remote_unref(r);
+	/* an empty session token is none (else its header is signed, not sent) */
+	o.profile = "blank";
+	r = resolve(&o, 0, &err);
+	assert_string_equal(r->key_id, "AKIDBLANK");
+	assert_null(r->token);
 	fsti_remote_unref(r);
 	/* the environment's credentials over the files' */
 	setenv("AWS_ACCESS_KEY_ID", "AKIDENV", 1);
