@@ -268,7 +268,8 @@ FST_API const char *fst_checkpoint_path(const fst_checkpoint *ckpt);
  * (since 0.1). */
 FST_API const char *fst_checkpoint_index_path(const fst_checkpoint *ckpt);
 /* path as fst shows it, into out (size bytes, NUL-ended, cut to fit; out
- * may be NULL when size is 0): an http(s) URL's password and query as
+ * may be NULL when size is 0): an http(s) URL's password (its user info
+ * whole where that has no ':', a token given as the user) and query as
  * "***", anything else as given; for naming an input that could not be
  * opened. Returns the length of the whole text, as snprintf does (since
  * 0.1). */

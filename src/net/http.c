@@ -436,16 +436,18 @@ static void where(char *buf, size_t size, const struct target *t, const struct r
 static int status_error(const struct target *t, const struct request *q, enum verdict *v,
 			fst_error *err)
 {
-	char at[600], code[64], msg[200], detail[300] = "", via[600] = "";
+	char at[600], code[64], msg[200], detail[300] = "", via[600] = "", url[560];
 	where(at, sizeof at, t, q);
 	xml_text(q->body, "Code", code, sizeof code);
 	xml_text(q->body, "Message", msg, sizeof msg);
 	if (code[0])
 		snprintf(detail, sizeof detail, " (%s%s%s)", code, msg[0] ? ": " : "", msg);
-	/* the endpoint an s3:// name was asked at (an http(s) name is its own
-	 * URL, shown without its secrets) */
-	if (fsti_url_kind(t->name) == FSTI_URL_S3)
-		snprintf(via, sizeof via, " from %s", t->url);
+	/* the endpoint an s3:// name was asked at, without the secrets an
+	 * endpoint's URL may hold (an http(s) name is its own URL, shown so) */
+	if (fsti_url_kind(t->name) == FSTI_URL_S3) {
+		fst_display_path(t->url, url, sizeof url);
+		snprintf(via, sizeof via, " from %s", url);
+	}
 	long s = q->status;
 	*v = s == 408 || s == 429 || s >= 500 ? RETRY : FAIL;
 	int errnum = s == 404 ? ENOENT : s == 401 || s == 403 ? EACCES : 0;
@@ -786,11 +788,15 @@ int fsti_object_open(struct fsti_conn *c, struct fsti_remote *r, const char *nam
 		fsti_object_free(o);
 		return rc;
 	}
-	bool s3 = fsti_url_kind(name) == FSTI_URL_S3; /* asked at an endpoint's URL */
-	fsti_log(FST_LOG_DEBUG, "%s: %" PRIu64 " bytes, ETag %s, Last-Modified %s%s%s (%s)", o->name,
+	/* asked at an endpoint's URL, shown without its secrets */
+	char at[600] = "";
+	if (fsti_url_kind(name) == FSTI_URL_S3) {
+		size_t n = (size_t)snprintf(at, sizeof at, ", at ");
+		fst_display_path(o->url, at + n, sizeof at - n);
+	}
+	fsti_log(FST_LOG_DEBUG, "%s: %" PRIu64 " bytes, ETag %s, Last-Modified %s%s (%s)", o->name,
 		 o->size, o->etag ? o->etag : "none",
-		 o->last_modified[0] ? o->last_modified : "none", s3 ? ", at " : "", s3 ? o->url : "",
-		 o->sign ? r->why : "unsigned");
+		 o->last_modified[0] ? o->last_modified : "none", at, o->sign ? r->why : "unsigned");
 	*head = buf;
 	*out = o;
 	return 0;

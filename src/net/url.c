@@ -115,13 +115,17 @@ char *fsti_url_beside(const char *url, const char *name)
 
 /*
  * The parts of an http(s) URL that are secrets: the password of its user
- * info and its query (a presigned URL's signature and credential). Each
- * as [at, at + len) of url; len 0 where there is none. An S3 URL has
- * neither (its key may hold '?', '@' and ':').
+ * info, or the user info whole where it has no ':' (a token given as the
+ * user, as in https://TOKEN@host/), and its query (a presigned URL's
+ * signature and credential). Each as [at, at + len) of url, after the
+ * character lead; len 0 where there is none. An S3 URL has neither (its
+ * key may hold '?', '@' and ':').
  */
-static void secrets(const char *url, size_t at[2], size_t len[2])
+static void secrets(const char *url, size_t at[2], size_t len[2], char lead[2])
 {
 	at[0] = at[1] = len[0] = len[1] = 0;
+	lead[0] = ':';
+	lead[1] = '?';
 	if (fsti_url_kind(url) != FSTI_URL_HTTP)
 		return;
 	const char *host = strstr(url, "://") + 3;
@@ -134,6 +138,10 @@ static void secrets(const char *url, size_t at[2], size_t len[2])
 	if (colon) {
 		at[0] = (size_t)(colon + 1 - url);
 		len[0] = (size_t)(userinfo_end - colon - 1);
+	} else if (userinfo_end) {
+		at[0] = (size_t)(host - url);
+		len[0] = (size_t)(userinfo_end - host);
+		lead[0] = '/';
 	}
 	size_t path = fsti_url_path_len(url);
 	if (url[path] == '?') {
@@ -149,7 +157,8 @@ size_t fst_display_path(const char *path, char *out, size_t size)
 	if (!out)
 		size = 0;
 	size_t at[2], len[2];
-	secrets(path, at, len);
+	char lead[2];
+	secrets(path, at, len, lead);
 	size_t n = 0, from = 0;
 	for (int i = 0; i < 2; i++) {
 		if (!len[i])
@@ -174,16 +183,17 @@ char *fsti_url_display(const char *url)
 void fsti_url_hide(char *text, size_t size, const char *url)
 {
 	size_t at[2], len[2];
-	secrets(url, at, len);
+	char lead[2];
+	secrets(url, at, len, lead);
 	for (int i = 0; i < 2; i++) {
 		if (!len[i])
 			continue;
 		const char *secret = url + at[i];
 		char *p = text;
 		while (*p) {
-			/* where the URL has it: ":PASSWORD@", "?QUERY" (a short
-			 * one would match inside other words) */
-			if (p == text || p[-1] != (i ? '?' : ':') || strncmp(p, secret, len[i]) ||
+			/* where the URL has it: ":PASSWORD@", "//USER@",
+			 * "?QUERY" (a short one would match inside other words) */
+			if (p == text || p[-1] != lead[i] || strncmp(p, secret, len[i]) ||
 			    (!i && p[len[i]] != '@')) {
 				p++;
 				continue;

@@ -348,6 +348,30 @@ def test_url_secrets_are_not_shown(fault, root, fst_env):
     assert "hunter2" not in str(e.value) and "s3cr3t" not in str(e.value)
 
 
+def test_endpoint_and_token_secrets_are_not_shown(fault, fst_env):
+    """An S3 endpoint's password, and a token given as a URL's user (no
+    ':'), never show: not in the error naming the endpoint a request was
+    sent to, not in the debug log."""
+    base, _ = fault
+    host = base.partition("://")[2]
+    env = fst_env(FST_LOG="debug", AWS_NO_SIGN_REQUEST="1")
+    endpoint = f"http://bob:endpo1ntpw@{host}"
+    r = run_fst("inspect", "--endpoint", endpoint, "s3://signed/one/model.safetensors", env=env)
+    assert r.returncode == 0, r.stderr
+    assert f", at http://bob:***@{host}/signed/one/model.safetensors" in r.stderr, r.stderr
+    r2 = run_fst("load", "--endpoint", endpoint, "s3://missing/one/model.safetensors", env=env)
+    assert r2.returncode == 4, r2.stderr
+    assert f"HTTP 404 Not Found (NoSuchKey" in r2.stderr, r2.stderr
+    assert f"from http://bob:***@{host}/missing/one/model.safetensors" in r2.stderr, r2.stderr
+    r4 = run_fst("verify", f"http://T0KEN-of-alice@{host}/ok/one/model.safetensors", env=env)
+    assert r4.returncode == 0, r4.stderr
+    r5 = run_fst("load", f"http://T0KEN-of-alice@{host}/missing/one/model.safetensors",
+                 env=env)
+    assert r5.returncode == 4 and f"http://***@{host}/missing/one/" in r5.stderr, r5.stderr
+    for out in (r.stdout, r.stderr, r2.stdout, r2.stderr, r4.stdout, r4.stderr, r5.stderr):
+        assert "endpo1ntpw" not in out and "T0KEN" not in out, out
+
+
 # ------------------------------------------------------------ failure modes
 
 FAILURES = [

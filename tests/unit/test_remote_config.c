@@ -131,7 +131,8 @@ static void test_url_display_and_hide(void **state)
 	static const char *const cases[][2] = {
 		{"http://u:pw@h/x.safetensors", "http://u:***@h/x.safetensors"},
 		{"https://u:p@h:8443/a?X-Amz-Signature=s/x#f", "https://u:***@h:8443/a?***#f"},
-		{"http://u@h/x", "http://u@h/x"},
+		{"http://u@h/x", "http://***@h/x"}, /* a token given as the user */
+		{"https://ghp_T0KEN@h:8443/x?q", "https://***@h:8443/x?***"},
 		{"http://u:@h/x", "http://u:@h/x"},
 		{"http://[::1]:8080/x", "http://[::1]:8080/x"},
 		{"http://h/x?a", "http://h/x?***"},
@@ -170,6 +171,9 @@ static void test_url_display_and_hide(void **state)
 	char small[16] = "x u:p@h y";
 	fsti_url_hide(small, 12, "http://u:p@h");
 	assert_string_equal(small, "x u:***@h y");
+	char token[48] = "GET http://T0K@h/x: shard http://T0K@h/y";
+	fsti_url_hide(token, sizeof token, "http://T0K@h/x");
+	assert_string_equal(token, "GET http://***@h/x: shard http://***@h/y");
 	char tight[8] = "ab:p@cd";
 	fsti_url_hide(tight, sizeof tight, "http://x:p@c");
 	assert_string_equal(tight, "ab:***@");
