@@ -271,6 +271,9 @@ static int set_options(struct fsti_conn *c, const struct fsti_remote *r, bool si
 	SET(FSTI_CURLOPT_ERRORBUFFER, c->error);
 	/* threads: no signals for name resolution timeouts */
 	SET(FSTI_CURLOPT_NOSIGNAL, 1L);
+	/* the path as given: "a/../b" is an S3 key of its own, not "b"
+	 * (libcurl would drop the dot segments, and sign the shorter path) */
+	SET(FSTI_CURLOPT_PATH_AS_IS, 1L);
 	/* A signed request stops at a redirect: libcurl would drop only its
 	 * Authorization on the way to another host, not the session token
 	 * header. S3 redirects to another region's endpoint, where the

@@ -165,6 +165,24 @@ def test_moto_signed_checked_by_moto(moto, root, fst_env):
         moto.auth(False)
 
 
+def test_moto_key_with_dot_segments_is_its_own(moto, fst_env):
+    """"sub/../one/model.safetensors" is an S3 key of its own: fst asks for
+    it as written (signed and unsigned), not for "one/model.safetensors"
+    (a valid checkpoint there), so the key's own bytes, not a checkpoint,
+    fail as not safetensors."""
+    import boto3
+    s3 = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1",
+                      aws_access_key_id=moto.key, aws_secret_access_key=moto.secret)
+    s3.put_object(Bucket="models", Key="sub/../one/model.safetensors", Body=b"\x05" * 64)
+    for env in (fst_env(**moto.env()), fst_env(AWS_ENDPOINT_URL=moto.url,
+                                               AWS_NO_SIGN_REQUEST="1")):
+        r = run_fst("inspect", "s3://models/sub/../one/model.safetensors", env=env)
+        assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+        assert "s3://models/sub/../one/model.safetensors" in r.stderr, r.stderr
+        r = run_fst("inspect", "s3://models/one/model.safetensors", env=env)
+        assert r.returncode == 0, r.stderr
+
+
 def test_moto_listing_and_unsigned(moto, root, fst_env):
     """A folder is listed (ListObjectsV2): its index decides, the subfolder's
     object is not the folder's. moto's own check of a listing's signature
@@ -189,7 +207,8 @@ def test_moto_listing_and_unsigned(moto, root, fst_env):
 
 def test_signatures_match_botocore(fault, root, fst_env):
     """Every signed request (object GETs, the listing, with a session
-    token) carries the signature botocore computes for it."""
+    token, a key with dot segments) carries the signature botocore computes
+    for it."""
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
@@ -203,9 +222,12 @@ def test_signatures_match_botocore(fault, root, fst_env):
     assert r.returncode == 0, r.stderr
     r = run_fst("inspect", "s3://signed/ck/", env=env)  # server.py cannot list: its 404 is fine
     assert r.returncode == 4
+    # a key with dot segments is signed as sent, the segments kept
+    run_fst("inspect", "s3://signed/sub/../one/model.safetensors", env=env)
     lines = [json.loads(x) for x in log.read_text().splitlines()[start:]]
     signed = [x for x in lines if "Authorization" in x["headers"]]
     assert len(signed) >= 5 and any("list-type=2" in x["path"] for x in signed)
+    assert any(x["path"].startswith("/signed/sub/../one/") for x in signed), lines
     creds = Credentials(FAKE_KEY, FAKE_SECRET, "tok/en+=")
     for x in signed:
         h = x["headers"]
