@@ -312,6 +312,8 @@ static int set_options(struct fsti_conn *c, const struct fsti_remote *r, bool si
 	return 0;
 }
 
+#define EMPTY_BODY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
 /* The request's headers: S3's payload hash and session token (both then
  * signed: libcurl signs every header it is given), If-Match. NULL with
  * *oom when out of memory. */
@@ -325,8 +327,12 @@ static struct fsti_curl_slist *make_headers(const struct fsti_curl *cu,
 	const char *names[3] = {NULL}, *values[3] = {NULL};
 	size_t n = 0;
 	if (sign) {
+		/* the SHA-256 of the empty body of a GET, not UNSIGNED-PAYLOAD:
+		 * libcurl before 7.87 signs the hash of the body it sends
+		 * whatever this header says, so only this value matches it on
+		 * every libcurl (Ubuntu 22.04 has 7.81) */
 		names[n] = "x-amz-content-sha256";
-		values[n++] = "UNSIGNED-PAYLOAD";
+		values[n++] = EMPTY_BODY_SHA256;
 		if (r->token) {
 			names[n] = "x-amz-security-token";
 			values[n++] = r->token;
