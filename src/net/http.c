@@ -24,6 +24,11 @@
 #define BACKOFF_FIRST_MS 100.0
 #define BACKOFF_MAX_MS 5000.0
 #define RECV_BUFFER (512L << 10) /* fewer, larger writes into the destination */
+/* An answer short of the rest that brings fewer bytes than this counts as a
+ * failed attempt (retried with backoff, within the retries' count and
+ * time): a server answering a few bytes at a time would otherwise be asked
+ * again without end, 8 million times for 8 MiB at a byte an answer. */
+#define MIN_PROGRESS ((uint64_t)64 << 10)
 
 struct fsti_conn {
 	const struct fsti_curl *cu;
@@ -151,7 +156,11 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ctx)
 	size_t n = size * nmemb;
 	const char *v;
 	size_t vlen;
-	if (n > 5 && !strncmp(line, "HTTP/", 5)) {
+	bool status_line = n > 5 && !strncmp(line, "HTTP/", 5);
+	/* trailers, after the body: not the headers the body was judged by */
+	if (q->got && !status_line)
+		return n;
+	if (status_line) {
 		/* a new response (after a redirect or a 100): forget the last one's */
 		const char *sp = memchr(line, ' ', n);
 		q->status = sp ? strtol(sp + 1, NULL, 10) : 0;
@@ -713,7 +722,8 @@ static int get_range(struct fsti_conn *c, struct fsti_object *o, bool learn, uin
 		}
 		/* bytes that passed every check stay, whatever came after them */
 		done += q.got;
-		if (q.got)
+		bool progress = q.got >= MIN_PROGRESS || (q.got && done >= len);
+		if (progress)
 			tries.failures = 0;
 		if (was_learning && !learn) {
 			if_match = o->etag && strncmp(o->etag, "W/", 2) ? o->etag : NULL;
@@ -724,11 +734,16 @@ static int get_range(struct fsti_conn *c, struct fsti_object *o, bool learn, uin
 		/* every byte asked for, checked: a transport error after them
 		 * (a connection closed short of a longer Content-Length) leaves
 		 * nothing to retry */
-		if ((v == RETRY || !q.got) && done < len) {
+		if ((v == RETRY || !progress) && done < len) {
 			char at[600];
 			where(at, sizeof at, &t, &q);
-			if (v == DONE)
+			if (v == DONE && !q.got)
 				fsti_err(err, FST_EIO, "%s: the server answered with no bytes", at);
+			else if (v == DONE)
+				fsti_err(err, FST_EIO,
+					 "%s: the server answered with %" PRIu64 " of the %" PRIu64
+					 " bytes asked, fewer than the %" PRIu64 " an answer must bring",
+					 at, q.got, len - (done - q.got), MIN_PROGRESS);
 			if (!backoff(&tries, stop)) {
 				if (stop && atomic_load(stop))
 					return fsti_err(err, FST_ECANCELED, "%s: cancelled", at);

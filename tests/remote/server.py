@@ -41,6 +41,9 @@ Modes (counters are per file and mode, reset by GET /reset):
               0xEE (other bytes than the file's)
   dribble     every data request: its headers, 2 KiB of the body, then the
               connection closed (progress on every attempt, never done)
+  trickle     honest short answers of at most 100 bytes (Content-Range says so)
+  trailer     data requests: chunked, with a trailer ETag other than the
+              header's (the body was judged by the header's)
 
 Every request's method, path and headers go to --log as one JSON line, so
 tests can check what the client sent (signatures, If-Match). Loopback only.
@@ -174,6 +177,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self.send_range(f, a, b, size, ident)
             if mode == "capped":
                 b = min(b, a + (1 << 20) - 1)
+            if mode == "trickle" and a > 0:
+                b = min(b, a + 99)
             f.seek(a)
             body = f.read(b - a + 1)
         data_request = a > 0
@@ -181,6 +186,17 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "overlong" and data_request and b > a:
             said = a + (b - a + 1) // 2 - 1
             body = body[:said - a + 1] + b"\xee" * (b - said)
+        if mode == "trailer" and data_request:
+            self.send_response(206)
+            for k, v in ident + [("Content-Range", f"bytes {a}-{b}/{size}"),
+                                 ("Transfer-Encoding", "chunked"), ("Trailer", "ETag")]:
+                self.send_header(k, v)
+            self.end_headers()
+            for i in range(0, len(body), 1 << 20):
+                piece = body[i:i + (1 << 20)]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b'0\r\nETag: "other-in-trailer"\r\n\r\n')
+            return
         self.send_response(206)
         for k, v in ident:
             self.send_header(k, v)

@@ -405,6 +405,8 @@ FAILURES = [
     ("flaky", 0, None),
     ("reset", 0, None),
     ("capped", 0, None),
+    ("trailer", 0, None),
+    ("trickle", 4, "fewer than the 65536 an answer must bring"),
     ("redirect", 0, None),
     ("elsewhere", 0, None),
     ("longetag", 0, None),
