@@ -54,6 +54,8 @@ struct request {
 	uint64_t range_first, range_last, range_total; /* Content-Range */
 	bool total_unknown;                            /* "bytes A-B/(star)" */
 	bool has_total;                                /* range_total was said */
+	bool has_length;                               /* Content-Length was said */
+	uint64_t length;
 	char *etag;              /* whole, as sent back in If-Match; NULL: none */
 	bool out_of_memory;      /* for a header */
 	char last_modified[64];  /* an HTTP date: 29 characters */
@@ -164,13 +166,20 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ctx)
 		/* a new response (after a redirect or a 100): forget the last one's */
 		const char *sp = memchr(line, ' ', n);
 		q->status = sp ? strtol(sp + 1, NULL, 10) : 0;
-		q->has_range = q->total_unknown = q->has_total = false;
-		q->range_total = 0;
+		q->has_range = q->total_unknown = q->has_total = q->has_length = false;
+		q->range_total = q->length = 0;
 		fsti_free(q->etag);
 		q->etag = NULL;
 		q->last_modified[0] = '\0';
 	} else if (header_is(line, n, "Content-Range", &v, &vlen)) {
 		parse_content_range(q, v, vlen);
+	} else if (header_is(line, n, "Content-Length", &v, &vlen)) {
+		char buf[32];
+		copy_value(buf, sizeof buf, v, vlen);
+		unsigned long long len;
+		char extra;
+		q->has_length = sscanf(buf, "%llu%c", &len, &extra) == 1;
+		q->length = q->has_length ? len : 0;
 	} else if (header_is(line, n, "ETag", &v, &vlen)) {
 		/* no bound on its length: a cut one would not match itself */
 		fsti_free(q->etag);
@@ -199,6 +208,17 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ctx)
 	struct request *q = ctx;
 	size_t n = size * nmemb;
 	if (q->ranged) {
+		/* The whole object where the range covers it, which a server may
+		 * send (RFC 9110, 14.2): all the range asked for, read as a 206
+		 * of every byte. */
+		if (q->status == 200 && !q->off && q->has_length && q->length &&
+		    q->length <= q->len) {
+			q->status = 206;
+			q->has_range = q->has_total = true;
+			q->range_first = 0;
+			q->range_last = q->length - 1;
+			q->range_total = q->length;
+		}
 		if (q->status == 200) {
 			q->ignored_range = true; /* the whole object coming: stop it */
 			return 0;

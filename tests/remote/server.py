@@ -23,6 +23,8 @@ Modes (counters are per file and mode, reset by GET /reset):
   forbidden   HTTP 403 with an S3 error body
   missing     HTTP 404 with an S3 error body
   norange     Range ignored: 200 with the whole file
+  wholeok     200 with the whole file where the range covers all of it (as a
+              server may), else as ok
   loop        a redirect to itself, forever
   redirect    one redirect to /ok/...
   elsewhere   one redirect to /ok/... on another host name (localhost for
@@ -173,6 +175,10 @@ class Handler(BaseHTTPRequestHandler):
             b = min(int(b) if b else size - 1, size - 1)
             if a >= size:
                 return self.plain(416, headers=[("Content-Range", f"bytes */{size}")] + ident)
+            if mode == "wholeok" and a == 0 and b == size - 1:
+                return self.plain(200, f.read(), ident)
+            if mode == "wholeok":
+                mode = "ok"
             if mode in ("ok", "longetag"):
                 return self.send_range(f, a, b, size, ident)
             if mode == "capped":

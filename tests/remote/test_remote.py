@@ -406,6 +406,7 @@ FAILURES = [
     ("reset", 0, None),
     ("capped", 0, None),
     ("trailer", 0, None),
+    ("wholeok", 0, None),
     ("trickle", 4, "fewer than the 65536 an answer must bring"),
     ("redirect", 0, None),
     ("elsewhere", 0, None),
