@@ -54,11 +54,24 @@ static int Checkpoint_init(CheckpointObject *self, PyObject *args, PyObject *kw)
 	fst_error err;
 	int rc;
 	const char *path = PyBytes_AS_STRING(pathobj);
+	fst_checkpoint *ck = NULL;
 	Py_BEGIN_ALLOW_THREADS
-	rc = fst_checkpoint_open_ex(path, &o, &self->ck, &err);
+	rc = fst_checkpoint_open_ex(path, &o, &ck, &err);
 	Py_END_ALLOW_THREADS
+	/* another thread's __init__ may have opened it meanwhile: one wins,
+	 * the other's checkpoint is closed, not leaked */
+	if (!rc && self->ck) {
+		Py_BEGIN_ALLOW_THREADS
+		fst_checkpoint_close(ck);
+		Py_END_ALLOW_THREADS
+		Py_DECREF(pathobj);
+		PyErr_SetString(PyExc_RuntimeError, "the Checkpoint is already open");
+		return -1;
+	}
 	if (rc)
 		fstpy_raise_at(rc, &err, NULL, path);
+	else
+		self->ck = ck;
 	Py_DECREF(pathobj);
 	return rc ? -1 : 0;
 }

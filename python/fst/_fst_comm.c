@@ -47,14 +47,24 @@ static int Comm_init(CommObject *self, PyObject *args, PyObject *kw)
 	}
 	fst_error err;
 	int rc;
+	fst_comm *comm = NULL;
 	Py_BEGIN_ALLOW_THREADS
-	rc = fst_comm_init(world, rank, id.buf, device, timeout_ms, &self->comm, &err);
+	rc = fst_comm_init(world, rank, id.buf, device, timeout_ms, &comm, &err);
 	Py_END_ALLOW_THREADS
 	PyBuffer_Release(&id);
 	if (rc) {
 		fstpy_raise(rc, &err);
 		return -1;
 	}
+	/* another thread's __init__ may have set one meanwhile: keep that one */
+	if (self->comm) {
+		Py_BEGIN_ALLOW_THREADS
+		fst_comm_destroy(comm);
+		Py_END_ALLOW_THREADS
+		PyErr_SetString(PyExc_RuntimeError, "the Comm is already initialized");
+		return -1;
+	}
+	self->comm = comm;
 	return 0;
 }
 
@@ -109,13 +119,15 @@ PyObject *fstpy_load_sharded(PyObject *mod, PyObject *args, PyObject *kw)
 				    "(not initialized, or its initialization failed)",
 				    comm->comm ? "node" : "comm");
 	size_t n = fst_checkpoint_tensor_count(ck->ck);
-	PyObject *seq = PySequence_Fast(dims_obj, "dims must be a sequence of ints");
+	/* a tuple of its own: an item's __index__ cannot change what is read */
+	PyObject *seq = PySequence_Tuple(dims_obj);
 	if (!seq)
 		return NULL;
-	if ((size_t)PySequence_Fast_GET_SIZE(seq) != n) {
+	if ((size_t)PyTuple_GET_SIZE(seq) != n) {
+		Py_ssize_t got = PyTuple_GET_SIZE(seq);
 		Py_DECREF(seq);
-		return PyErr_Format(PyExc_ValueError, "dims has %zd entries for %zu tensors",
-				    PySequence_Fast_GET_SIZE(seq), n);
+		return PyErr_Format(PyExc_ValueError, "dims has %zd entries for %zu tensors", got,
+				    n);
 	}
 	int *dims = malloc(sizeof(int) * (n ? n : 1));
 	if (!dims) {
@@ -123,7 +135,7 @@ PyObject *fstpy_load_sharded(PyObject *mod, PyObject *args, PyObject *kw)
 		return PyErr_NoMemory();
 	}
 	for (size_t i = 0; i < n; i++) {
-		long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+		long v = PyLong_AsLong(PyTuple_GET_ITEM(seq, (Py_ssize_t)i));
 		if (!PyErr_Occurred() && (v < FST_REPLICATE || v > INT_MAX))
 			PyErr_Format(PyExc_ValueError, "dims[%zu]=%ld: expected %d (replicate) or a "
 				     "dimension >= 0", i, v, FST_REPLICATE);

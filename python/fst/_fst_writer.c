@@ -29,10 +29,12 @@ PyObject *fstpy_save(PyObject *mod, PyObject *args)
 	Py_ssize_t n = 0, nviews = 0;
 	if (rc)
 		goto fail;
-	seq = PySequence_Fast(entries, "entries must be a sequence");
+	/* a tuple of its own: a shape's __getitem__ or __index__ cannot change
+	 * the entries read (the list could shrink under the loop) */
+	seq = PySequence_Tuple(entries);
 	if (!seq)
 		goto out;
-	n = PySequence_Fast_GET_SIZE(seq);
+	n = PyTuple_GET_SIZE(seq);
 	views = calloc((size_t)(n ? n : 1), sizeof *views);
 	if (!views) {
 		PyErr_NoMemory();
@@ -41,7 +43,7 @@ PyObject *fstpy_save(PyObject *mod, PyObject *args)
 	for (Py_ssize_t i = 0; i < n; i++) {
 		const char *name, *dtype;
 		PyObject *shape, *data;
-		if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ssOO", &name, &dtype,
+		if (!PyArg_ParseTuple(PyTuple_GET_ITEM(seq, i), "ssOO", &name, &dtype,
 				      &shape, &data))
 			goto out;
 		fst_dtype d = fst_dtype_from_name(dtype);

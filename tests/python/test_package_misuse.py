@@ -191,3 +191,60 @@ for _ in range(50):
 print("ok")
 """, env={"FST_CUDA_LIBRARY": cuda_double, "FST_NCCL_LIBRARY": nccl})
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_save_while_a_shape_empties_the_entries(fst_pkg, run_python):
+    """_fst.save reads its entries from a tuple of its own: a shape whose
+    __getitem__ clears the list it came from once read past the list's
+    end (a crash); now the entries as given are written."""
+    r = run_python("""
+        from fst import _fst
+        class Shape:
+            def __len__(self):
+                return 1
+            def __getitem__(self, k):
+                if k:
+                    raise IndexError
+                entries.clear()
+                return 1
+        entries = [("a", "U8", Shape(), b"x"), ("b", "U8", [1], b"y")]
+        data = _fst.save(entries, None, None)
+        from fst.compat.safetensors.numpy import load
+        got = load(data)
+        print(sorted(got), got["a"].tobytes(), got["b"].tobytes())
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "['a', 'b'] b'x' b'y'", r.stdout
+
+
+def test_checkpoint_init_from_two_threads(fst_pkg, small):
+    """__init__ of one Checkpoint from two threads at once: one opens it,
+    the other raises RuntimeError, and no checkpoint is left open (the
+    loser's descriptors were leaked)."""
+    import threading
+    from fst import _fst
+
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    before = fds()
+    for _ in range(100):
+        ck = _fst.Checkpoint.__new__(_fst.Checkpoint)
+        outcomes = []
+
+        def init():
+            try:
+                ck.__init__(str(small))
+                outcomes.append("opened")
+            except RuntimeError as e:
+                assert "already open" in str(e)
+                outcomes.append("refused")
+
+        threads = [threading.Thread(target=init) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(outcomes) == ["opened", "refused"], outcomes
+        del ck
+    assert fds() == before
