@@ -226,13 +226,17 @@ int fsti_gds_setup(struct fsti_engine *e, fst_error *err)
 	size_t nf = fst_checkpoint_file_count(e->ck);
 	e->gds->cufile = p->cf;
 	e->gds->file = fsti_calloc(nf + 1, sizeof *e->gds->file);
-	e->gds->direct = fsti_calloc(nf + 1, sizeof *e->gds->direct);
-	if (!e->gds->file || !e->gds->direct)
+	if (!e->gds->file)
 		return fsti_err(err, FST_ENOMEM, "out of memory");
+	/* before anything else can fail: teardown closes every fd >= 0, and
+	 * calloc's 0 is a descriptor of the caller's */
 	for (size_t i = 0; i < nf; i++) {
 		e->gds->file[i].fd = -1;
 		atomic_init(&e->gds->file[i].failed, false);
 	}
+	e->gds->direct = fsti_calloc(nf + 1, sizeof *e->gds->direct);
+	if (!e->gds->direct)
+		return fsti_err(err, FST_ENOMEM, "out of memory");
 	for (size_t i = 0; i < nf; i++) {
 		rc = gds_register_file(e, i, p, err);
 		if (rc)

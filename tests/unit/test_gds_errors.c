@@ -7,8 +7,13 @@
  * failing with 5016 (nothing read with cuFile), short reads (resumed, never
  * a failure), reads failing after N bytes (the file falls back mid-load
  * under auto, with 1 to 4 threads), and failing with a cuFile code or with
- * -1 and errno. */
+ * -1 and errno. Allocations failing one by one under gds=on: each fails
+ * with FST_ENOMEM, nothing left behind, no descriptor of the caller's
+ * closed. */
 #include "gds_helpers.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
 
 /* ---- handle registration fails */
 
@@ -277,6 +282,57 @@ static void test_fail_minus_one_errno(void **state)
 	gh_fixture_close(&x);
 }
 
+/*
+ * Every allocation of a gds=on load failing in turn, until one load meets
+ * no failure: each fails with FST_ENOMEM and leaves nothing behind; and
+ * the process's descriptor 0 stays its own (a file table not yet filled in
+ * was once torn down as descriptors 0, closing stdin or whatever had
+ * taken its number).
+ */
+static void test_alloc_failures_on(void **state)
+{
+	(void)state;
+	gh_fixture x;
+	gh_founding(&x, "allocon", 2, lh_base_seed() + 8);
+	if (fcntl(0, F_GETFD) < 0)
+		assert_int_equal(open("/dev/null", O_RDONLY), 0);
+	struct stat was;
+	assert_int_equal(fstat(0, &was), 0);
+	unsigned failures = 0;
+	for (long n = 1;; n++) {
+		if (n > 3000)
+			fail_msg("alloc:%ld: still failing", n);
+		char spec[32];
+		snprintf(spec, sizeof spec, "alloc:%ld", n);
+		gh_base b = gh_snapshot();
+		fst_load_opts o = gh_opts("cuda:0", FST_GDS_ON, FST_IO_PREAD, 2);
+		fst_error err;
+		assert_int_equal(fst_fault_set(spec, &err), 0);
+		fst_buffer *buf = (fst_buffer *)&o;
+		int rc = fst_load(x.ck, &o, &buf, &err);
+		long injected = fst_fault_last(NULL, 0);
+		assert_int_equal(fst_fault_set(NULL, NULL), 0);
+		struct stat now;
+		if (fstat(0, &now) || now.st_dev != was.st_dev || now.st_ino != was.st_ino)
+			fail_msg("%s: descriptor 0 was closed", spec);
+		if (!rc) {
+			gh_check_buffer(x.ck, &x.fs, buf, 0, 256);
+			fst_buffer_release(buf);
+			gh_assert_back(&b, spec);
+			if (!injected)
+				break;
+			continue;
+		}
+		failures++;
+		if (rc != FST_ENOMEM || !err.message[0])
+			fail_msg("%s: status %d (%s), expected FST_ENOMEM", spec, rc, err.message);
+		assert_null(buf);
+		gh_assert_back(&b, spec);
+	}
+	assert_true(failures > 0);
+	gh_fixture_close(&x);
+}
+
 int main(void)
 {
 	int rc = gh_open_doubles();
@@ -290,6 +346,7 @@ int main(void)
 		cmocka_unit_test_setup(test_fail_after_auto, gh_reset),
 		cmocka_unit_test_setup(test_fail_after_on, gh_reset),
 		cmocka_unit_test_setup(test_fail_minus_one_errno, gh_reset),
+		cmocka_unit_test_setup(test_alloc_failures_on, gh_reset),
 	};
 	return cmocka_run_group_tests(tests, gh_group_setup, gh_group_teardown);
 }
