@@ -389,7 +389,11 @@ static void join_workers(struct fsti_engine *e)
 static int choose_remote(struct fsti_engine *e, const fst_load_opts *asked, fst_error *err)
 {
 	static const char *const names[] = {"auto", "pread", "uring", "mmap"};
-	const char *url = fsti_engine_path(e, 0);
+	/* a checkpoint may mix local and remote files: name a remote one */
+	uint32_t first = 0;
+	while (!fst_file_is_remote(fst_checkpoint_file(e->ck, first)))
+		first++;
+	const char *url = fsti_engine_path(e, first);
 	if (e->opts.io != FST_IO_AUTO)
 		return fsti_err(err, FST_EUSAGE,
 				"io=%s reads local files, and %s is remote: it is read with ranged "

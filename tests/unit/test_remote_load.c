@@ -6,7 +6,8 @@
  * body past its Content-Range fails keeping none of it; a connection that
  * drops after every few bytes ends within the retry time;
  * fst_loader_cancel stops a transfer that stalls at once; io=mmap, pread,
- * uring and gds=on refused; fst_file_read; onto cuda:0 through the libcuda
+ * uring and gds=on refused, naming the first remote file where a local
+ * one comes first (and such a checkpoint loads whole); fst_file_read; onto cuda:0 through the libcuda
  * double when ctest gives one (label cuda-double). "nocurl": with
  * FST_CURL_LIBRARY naming a missing file a URL is FST_EUNSUPPORTED naming
  * it, and local files still load. */
@@ -389,6 +390,47 @@ static void test_refused(void **state)
 	fst_checkpoint_close(ck);
 }
 
+/*
+ * A checkpoint of a local file first and remote files after it: refused
+ * readers name a remote file (the first), never the local one; io=auto
+ * reads both kinds, every byte equal.
+ */
+static void test_local_and_remote(void **state)
+{
+	(void)state;
+	size_t n = fst_checkpoint_file_count(local_ck);
+	assert_true(n >= 2 && n <= 16);
+	fst_file *fs[16];
+	fst_error err;
+	const char *local_path = fst_file_path(fst_checkpoint_file(local_ck, 0));
+	assert_int_equal(fst_file_open(local_path, &fs[0], &err), 0);
+	char first_remote[512];
+	url_of(first_remote, sizeof first_remote, "ok", 1);
+	for (size_t i = 1; i < n; i++) {
+		char url[512];
+		url_of(url, sizeof url, "ok", i);
+		assert_int_equal(fst_file_open(url, &fs[i], &err), 0);
+	}
+	fst_checkpoint *ck;
+	assert_int_equal(fst_checkpoint_from_files(fs, n, &ck, &err), 0);
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	fst_buffer *buf;
+	for (int gds = 0; gds < 2; gds++) {
+		o.io = gds ? FST_IO_AUTO : FST_IO_PREAD;
+		o.gds = gds ? FST_GDS_ON : FST_GDS_AUTO;
+		assert_int_equal(fst_load(ck, &o, &buf, &err), FST_EUSAGE);
+		assert_has(err.message, first_remote);
+		if (strstr(err.message, local_path))
+			fail_msg("names the local file: %s", err.message);
+	}
+	fst_load_opts_init(&o);
+	assert_int_equal(fst_load(ck, &o, &buf, &err), 0);
+	check_buffer(buf, false);
+	fst_buffer_release(buf);
+	fst_checkpoint_close(ck);
+}
+
 static void test_file_read(void **state)
 {
 	(void)state;
@@ -470,6 +512,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_all_bytes_then_an_error),
 		cmocka_unit_test(test_cancel_stops_a_stall),
 		cmocka_unit_test(test_refused),
+		cmocka_unit_test(test_local_and_remote),
 		cmocka_unit_test(test_file_read),
 		cmocka_unit_test(test_cuda_double),
 	};
