@@ -264,6 +264,25 @@ def test_tensor_parallel_reads_each_file_once(model_dir, free_port, run_ranks):
     assert reads[0] | reads[1] == {f"model-{k}-of-10.safetensors" for k in range(1, 11)}
 
 
+def test_draft_model_on_the_last_pipeline_stage_alone(model_dir, free_port, run_ranks,
+                                                      tmp_path, monkeypatch):
+    """Two pipeline stages; only the last loads, as vLLM loads a draft model
+    for speculative decoding: it reads every file itself and gets every
+    tensor. Over the world group it once waited in a gather for a rank that
+    never loads."""
+    monkeypatch.setenv("FST_TEST_PP_DONE", str(tmp_path))
+    out = run_ranks(os.path.join(HERE, "vllm_rank.py"), 2, model_dir, free_port, "ppdraft",
+                    timeout=90)
+    for p in out:
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    last = [ln for ln in out[1].stdout.splitlines() if ln.startswith("RESULT ")]
+    assert last, out[1].stdout[-2000:]
+    _, equal, files = last[-1].split(" ", 2)
+    assert equal == "equal", last
+    assert set(files.split(",")) == {f"model-{k}-of-10.safetensors" for k in range(1, 11)}
+    assert any(ln == "RESULT skipped" for ln in out[0].stdout.splitlines()), out[0].stdout
+
+
 def _write_raw(path, tensors):
     """A safetensors file of (name, dtype, shape, bytes), in that order:
     sub-byte dtypes (F4, F6) that torch cannot save."""

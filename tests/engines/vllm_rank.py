@@ -4,7 +4,10 @@ whether every tensor equals the reference and which files this rank read.
 A fifth argument picks a mode: "ep", expert parallelism (rank r holds
 experts 2r and 2r + 1; its tensors must be those, as fst gives them in one
 process); "fail", rank 1's first data read fails (it must raise, and so
-must every other rank, naming it, instead of waiting)."""
+must every other rank, naming it, instead of waiting); "ppdraft", two
+pipeline stages of one rank each, and only the last loads (as vLLM loads a
+draft model for speculative decoding): it must finish alone, reading every
+file itself, while rank 0 waits for it outside any collective."""
 import os
 import sys
 
@@ -21,6 +24,22 @@ from vllm.distributed import init_distributed_environment  # noqa: E402
 
 init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
                              distributed_init_method=f"tcp://127.0.0.1:{port}")
+if mode == "ppdraft":
+    import time
+
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import initialize_model_parallel
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        initialize_model_parallel(tensor_model_parallel_size=1,
+                                  pipeline_model_parallel_size=world)
+    done = os.path.join(os.environ["FST_TEST_PP_DONE"], "done")
+    if rank < world - 1:  # a stage without the draft model: no load, no collective
+        for _ in range(1200):
+            if os.path.exists(done):
+                break
+            time.sleep(0.1)
+        print("RESULT skipped", flush=True)
+        sys.exit(0)
 
 import fst  # noqa: E402
 
@@ -34,6 +53,15 @@ def spy(ck, *a, **k):
 
 
 fst.load = spy
+real_iter = fst.iter_tensors
+
+
+def spy_iter(path, *a, **k):  # one rank alone streams each file
+    read.append(os.path.basename(path))
+    return real_iter(path, *a, **k)
+
+
+fst.iter_tensors = spy_iter
 
 from safetensors.torch import load_file  # noqa: E402
 from vllm.config.load import LoadConfig  # noqa: E402
@@ -64,3 +92,5 @@ same = sorted(got) == sorted(ref) and all(
     torch.equal(got[k].reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8))
     for k, v in ref.items())
 print("RESULT", "equal" if same else "DIFFERENT", ",".join(read), flush=True)
+if mode == "ppdraft":
+    open(os.path.join(os.environ["FST_TEST_PP_DONE"], "done"), "w").close()

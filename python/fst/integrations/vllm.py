@@ -11,7 +11,9 @@ only the weights iterator.
 - Several ranks (tensor or pipeline parallelism): every rank needs every full
   tensor (vLLM's weight loaders cut their slice), but each file is read from
   storage by one rank only; the others receive its tensors by broadcast over
-  vLLM's world group, as vLLM's fastsafetensors path does.
+  vLLM's world group, as vLLM's fastsafetensors path does (with pipeline
+  stages, over each stage's tensor-parallel group: a draft model is loaded
+  by the last stage alone).
 - `local_expert_ids` (expert-parallel filtering): expert weights of other
   ranks are not read at all (fst's name filter).
 - `model_loader_extra_config` takes fst's options: threads, staging_bytes,
@@ -100,12 +102,21 @@ def _device():
 
 def _world():
     """(rank, size, group for CPU tensors, group for device tensors): vLLM's
-    world group when it exists, else torch.distributed's default group, else
-    a single process."""
+    world group when it exists (with pipeline stages, the stage's tensor-
+    parallel group), else torch.distributed's default group, else a single
+    process."""
     import torch.distributed as dist
     try:
         from vllm.distributed import get_world_group
+        from vllm.distributed import parallel_state
         g = get_world_group()
+        # A draft model (speculative decoding) is built and loaded on the
+        # last pipeline stage only: a collective over the world would wait
+        # for ranks that never come. The ranks that always load together
+        # are those of one stage.
+        if (parallel_state.model_parallel_is_initialized()
+                and parallel_state.get_pp_group().world_size > 1):
+            g = parallel_state.get_tp_group()
         return g.rank_in_group, g.world_size, g.cpu_group, g.device_group
     except (ImportError, AssertionError):
         pass
