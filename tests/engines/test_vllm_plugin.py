@@ -210,11 +210,34 @@ def test_extra_config_reaches_fst(model_dir, monkeypatch):
 @pytest.mark.parametrize("extra, words", [
     ({"threads": -1}, "'threads'"), ({"threads": "4"}, "'threads'"),
     ({"threads": True}, "'threads'"), ({"io": "mmap"}, "'io'"), ({"gds": "yes"}, "'gds'"),
-    ({"readahead_bytes": -1}, "'readahead_bytes'"),
+    ({"readahead_bytes": -1}, "'readahead_bytes'"), ({"threads": 65}, "'threads'.*0..64"),
+    ({"chunk_bytes": 2 ** 64}, "'chunk_bytes'"),
 ])
 def test_bad_extra_config(extra, words):
     with pytest.raises(ValueError, match=words):
         _loader(extra)
+
+
+def test_extra_config_that_is_not_a_dict():
+    """(vLLM's LoadConfig lets a config object through)"""
+    with pytest.raises(ValueError, match="expected a dict"):
+        plugin.parse_options(["threads", 4])
+
+
+def test_broadcast_float8_that_torch_lacks_is_the_readers_form(tmp_path, monkeypatch):
+    """A float8 dtype this torch lacks reaches the other ranks as the reader
+    has it (bytes of the file's shape), where it was taken for F4/F6 and cut
+    into 6-bit rows (a shape error on every rank but the reader)."""
+    import fst._tensors as ft
+    data = bytes(range(12))
+    _write_raw(tmp_path / "e8.safetensors", [("scale", "F8_E8M0", [3, 4], data)])
+    monkeypatch.setattr(ft, "_torch_dtypes", lambda: {})
+    monkeypatch.setattr(fst, "_torch_dtypes", lambda: {})
+    reader = fst.load(str(tmp_path / "e8.safetensors"), "cpu")["scale"]
+    plugin._fill_plain()
+    got = plugin._typed(torch.tensor(list(data), dtype=torch.uint8), "F8_E8M0", [3, 4], "cpu")
+    assert got.dtype == reader.dtype == torch.uint8 and got.shape == reader.shape == (3, 4)
+    assert torch.equal(got, reader)
 
 
 def test_unknown_extra_config_is_vllms_error():

@@ -72,12 +72,16 @@ def _import_vllm():
 def parse_options(extra: dict) -> Tuple[dict, dict]:
     """Split model_loader_extra_config into (fst options, the rest for
     vLLM), checking fst's: a bad value fails before anything is read."""
+    from fst._args import _MAX_THREADS
+    if extra is not None and not isinstance(extra, dict):
+        raise ValueError(f"model_loader_extra_config={extra!r}: expected a dict of options")
     mine, rest = {}, {}
     for k, v in (extra or {}).items():
         if k in _INT_OPTIONS:
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            limit = _MAX_THREADS if k == "threads" else 2 ** 64 - 1
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= limit:
                 raise ValueError(f"model_loader_extra_config[{k!r}]={v!r}: expected an integer "
-                                 ">= 0 (0: fst's default)")
+                                 f"0..{limit} (0: fst's default)")
             mine[k] = v
         elif k in _CHOICES:
             if v not in _CHOICES[k]:
@@ -265,6 +269,10 @@ def _typed(flat, dtype: str, shape, device: str):
         view = fst._torch_dtypes().get(dtype) or _TORCH_PLAIN.get(dtype, torch.uint8)
         return torch.empty(tuple(shape), dtype=view, device=device)
     view = fst._torch_dtypes().get(dtype) or _TORCH_PLAIN.get(dtype)
+    if view is None and dtype.startswith("F8_"):
+        # a float8 this torch lacks: bytes of the file's shape, as the
+        # reader's rank has it (fst's torch form)
+        return flat.reshape(tuple(shape))
     if view is None:
         # F4 and F6 as the reader's rank has them (docs/python.md): the last
         # dimension in bytes where a row is whole bytes, else flat; then
