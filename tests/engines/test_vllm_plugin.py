@@ -164,6 +164,26 @@ def test_index_filters_files(tmp_path):
     assert torch.equal(got["a"], torch.ones(3)) and torch.equal(got["b"], torch.ones(4))
 
 
+def test_encoder_only_filter(tmp_path):
+    """--mm-encoder-only: shards of language-model weights alone are not
+    read; a filter that leaves no file is vLLM's own error, where fst's
+    iterator once yielded nothing (the failure came later, as parameters
+    left unloaded)."""
+    d = tmp_path / "mm"
+    d.mkdir()
+    save_file({"vision.a": torch.ones(3)}, str(d / "model-00001-of-00002.safetensors"))
+    save_file({"language_model.b": torch.ones(4)}, str(d / "model-00002-of-00002.safetensors"))
+    (d / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"vision.a": "model-00001-of-00002.safetensors", '
+        '"language_model.b": "model-00002-of-00002.safetensors"}}')
+    ld = _loader()
+    ld._encoder_only_lm_prefixes = ("language_model.",)
+    assert sorted(dict(_iterate(ld, d))) == ["vision.a"]
+    ld._encoder_only_lm_prefixes = ("language_model.", "vision.")
+    with pytest.raises(RuntimeError, match="removed all weight files"):
+        _iterate(ld, d)
+
+
 def test_local_expert_ids_are_not_read(tmp_path, monkeypatch):
     d = tmp_path / "moe"
     d.mkdir()

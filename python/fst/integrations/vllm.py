@@ -341,6 +341,11 @@ def make_loader_class():
                 files = weight_utils.filter_mm_encoder_only_safetensors_files(
                     files, hf_folder, index_file, prefixes,
                     weights_mapper=getattr(self, "_encoder_only_weights_mapper", None))
+                if not files:  # vLLM's own words
+                    raise RuntimeError(
+                        "mm-encoder-only shard filter removed all weight files for "
+                        f"`{source.model_or_path}`; check language_model prefixes "
+                        f"{prefixes}")
             if source.is_unused_weight is not None:
                 files = weight_utils.filter_safetensors_files_by_weight_name(
                     files, source.is_unused_weight)
