@@ -1,8 +1,9 @@
 /* Description: the CLI's helpers (tools/fst/util.c) apart from the command:
  * JSON strings that keep every path (UTF-8 checked exactly as jansson does,
  * invalid bytes as U+FFFD plus a hex copy), checked JSON building, the
- * progress bar's line, integers of digits only, and text made safe for a
- * terminal (control characters as \xNN). */
+ * progress bar's line, integers of digits only, sizes of digits, a
+ * fraction and a unit only, and text made safe for a terminal (control
+ * characters as \xNN). */
 #include "helpers.h"
 #include "cli.h"
 
@@ -154,6 +155,35 @@ static void test_parse_uint_takes_digits_only(void **state)
 	assert_false(cli_parse_uint(NULL, 10, &v));
 }
 
+/* SIZE is digits, a fraction at most and a unit (cli.md): strtod's other
+ * forms (spaces, signs, exponents, hex, inf, nan) were once taken. */
+static void test_parse_size_grammar(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *s;
+		uint64_t want;
+	} good[] = {
+		{"4096", 4096},          {"64K", 65536},        {"64k", 65536},
+		{"1.5G", 3ull << 29},    {"100MB", 100000000},  {"512MiB", 512ull << 20},
+		{"7B", 7},               {"0", 0},              {"2TB", 2000000000000ull},
+	};
+	for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+		uint64_t v = 1;
+		if (!cli_parse_size(good[i].s, &v) || v != good[i].want)
+			fail_msg("\"%s\": %llu", good[i].s, (unsigned long long)v);
+	}
+	static const char *const bad[] = {
+		"", " 64K", "64K ", "+64K", "-1", "1e6", "0x1p20", "0x10", "inf", "nan", "1.",
+		".5G", "1..5", "1.5.5", "1.3B", "64KIB", "64 K", "1_000", "9223372036854775808",
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		uint64_t v = 1;
+		if (cli_parse_size(bad[i], &v))
+			fail_msg("\"%s\" taken as %llu", bad[i], (unsigned long long)v);
+	}
+}
+
 static void test_printable_escapes_controls(void **state)
 {
 	(void)state;
@@ -181,6 +211,7 @@ int main(void)
 		cmocka_unit_test(test_put_and_push_report_failure),
 		cmocka_unit_test(test_progress_line_covers_a_longer_one),
 		cmocka_unit_test(test_parse_uint_takes_digits_only),
+		cmocka_unit_test(test_parse_size_grammar),
 		cmocka_unit_test(test_printable_escapes_controls),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

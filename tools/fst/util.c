@@ -65,12 +65,26 @@ char *cli_printable(const char *s)
 
 bool cli_parse_size(const char *s, uint64_t *out)
 {
-	if (!s || !*s || *s == '-')
+	if (!s)
 		return false;
+	/* digits, then a fraction of digits at most: strtod alone would take
+	 * spaces, signs, exponents, hex, "inf" and "nan" */
+	const char *p = s;
+	while (isdigit((unsigned char)*p))
+		p++;
+	if (p == s)
+		return false;
+	if (*p == '.') {
+		const char *frac = ++p;
+		while (isdigit((unsigned char)*p))
+			p++;
+		if (p == frac)
+			return false;
+	}
 	char *end;
 	errno = 0;
 	double v = strtod(s, &end);
-	if (errno || end == s || !(v >= 0))
+	if (errno || end != p || !(v >= 0))
 		return false;
 	static const struct {
 		const char *unit;
