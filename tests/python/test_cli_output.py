@@ -441,6 +441,16 @@ def test_bad_device_is_usage_everywhere(small, cmd, device):
         assert f'device "{device}"' in r.stderr
 
 
+@pytest.mark.parametrize("cmd", ["inspect", "gen", "load", "verify", "bench", "doctor"])
+def test_option_errors_name_the_command(cmd):
+    """getopt's own errors start as the command's do ("fst load: "), where
+    they said "load: "."""
+    for args in (["--bogus-option"], ["--threads"] if cmd != "gen" else ["--size"]):
+        r = fst(cmd, *args)
+        assert r.returncode == 1, (args, r.returncode, r.stderr)
+        assert r.stderr.startswith(f"fst {cmd}: "), r.stderr
+
+
 def test_bench_checks_options_before_measuring(small, tmp_path):
     """A device that cannot be used, a manifest that cannot be read, a
     GPU-only conflict: the error comes before any row."""

@@ -1,6 +1,7 @@
 /* main.c - the fst command: dispatch to one subcommand per file. */
 #include "cli.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static const struct {
@@ -42,8 +43,14 @@ int main(int argc, char **argv)
 		return cli_finish_output("version", EXIT_OK);
 	}
 	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-		if (!strcmp(cmd, commands[i].name))
+		if (!strcmp(cmd, commands[i].name)) {
+			/* getopt names its errors by argv[0]: "fst load: ...", as
+			 * the command's own errors are */
+			char prog[32];
+			snprintf(prog, sizeof prog, "fst %s", cmd);
+			argv[1] = prog;
 			return cli_finish_output(cmd, commands[i].run(argc - 1, argv + 1));
+		}
 	fprintf(stderr, "fst: unknown command \"%s\"\n", cmd);
 	usage(stderr);
 	return EXIT_USAGE;
