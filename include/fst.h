@@ -660,7 +660,8 @@ FST_API void *fst_view_host_data(const fst_tensor_view *view);
  * Describe what fst_load would do with these options, without loading: the
  * reader, the target, threads, chunk size and the reasons, e.g. "pread, 16
  * threads, 16 MiB chunks: auto: 100% of the data in the page cache". Fails
- * as fst_load would for bad options or a missing device (since 0.1).
+ * as fst_load would for bad options or a missing device (since 0.1). Other
+ * loads of the same files are seen, and do not see this one.
  */
 FST_API int fst_load_explain(const fst_checkpoint *ckpt, const fst_load_opts *opts, char *buf,
 			     size_t size, fst_error *err);

@@ -206,8 +206,10 @@ void fsti_direct_fds_free(struct fsti_direct_fds *d);
 
 /* One load's read locks on its files, each on a descriptor of its own, that
  * other loads (any process) can see. Files without a local descriptor, and
- * files where no lock can be had, are left out. NULL: out of memory. */
-struct fsti_presence *fsti_presence_join(const fst_checkpoint *ck);
+ * files where no lock can be had, are left out. hold false: the descriptors
+ * only, to look for other loads without being seen as one (a load only
+ * explained). NULL: out of memory. */
+struct fsti_presence *fsti_presence_join(const fst_checkpoint *ck, bool hold);
 /* Whether another load holds file i's lock. */
 bool fsti_presence_others(const struct fsti_presence *p, size_t i);
 /* Whether another load holds any file's lock; *which (if given) is the first

@@ -68,7 +68,7 @@ static struct flock presence_lock(short type)
 	return l;
 }
 
-struct fsti_presence *fsti_presence_join(const fst_checkpoint *ck)
+struct fsti_presence *fsti_presence_join(const fst_checkpoint *ck, bool hold)
 {
 	size_t n = fst_checkpoint_file_count(ck);
 	struct fsti_presence *p = fsti_malloc(sizeof *p + (n + 1) * sizeof(int));
@@ -91,8 +91,9 @@ struct fsti_presence *fsti_presence_join(const fst_checkpoint *ck)
 		int fd = fsti_reopen(f, 0, &other, why, sizeof why);
 		if (fd < 0)
 			continue;
+		/* a descriptor without a lock still sees the others' (F_OFD_GETLK) */
 		struct flock l = presence_lock(F_RDLCK);
-		if (fsti_fault("presence") || fcntl(fd, F_OFD_SETLK, &l)) {
+		if (hold && (fsti_fault("presence") || fcntl(fd, F_OFD_SETLK, &l))) {
 			close(fd);
 			continue;
 		}

@@ -485,7 +485,7 @@ static int choose_io(struct fsti_engine *e, fst_error *err)
 		/* a cold load through the page cache: O_DIRECT loads of the same
 		 * files should know of it */
 		if (e->cached >= 0 && e->cached < 0.5 && !e->pieces_only)
-			e->presence = fsti_presence_join(e->ck);
+			e->presence = fsti_presence_join(e->ck, !e->explain_only);
 		return 0;
 	case FST_IO_URING:
 		e->reader = &fsti_reader_uring;
@@ -522,7 +522,7 @@ static int choose_io(struct fsti_engine *e, fst_error *err)
 		 * done 2.4x sooner, bench/results/h200-2026-12-04b). O_DIRECT
 		 * asked for (readahead off) and the page-cache modes stay. */
 		if (cold && !e->pieces_only)
-			e->presence = fsti_presence_join(e->ck);
+			e->presence = fsti_presence_join(e->ck, !e->explain_only);
 		size_t other;
 		if (uring && e->opts.readahead_bytes != FST_READAHEAD_OFF &&
 		    e->page_cache == FSTI_PAGE_CACHE_OFF) {
@@ -639,7 +639,7 @@ static void give_back_context(struct fsti_engine *e)
  * tensors: shared by fst_load_start and fst_load_explain. */
 static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_opts *opts,
 				     const struct fsti_plan_tensor *pieces, size_t npieces,
-				     int *rcp, fst_error *err)
+				     bool explain_only, int *rcp, fst_error *err)
 {
 	struct fsti_engine *e = fsti_calloc(1, sizeof *e);
 	if (!e) {
@@ -656,6 +656,7 @@ static struct fsti_engine *configure(const fst_checkpoint *ck, const fst_load_op
 	pthread_condattr_destroy(&ca);
 	e->ck = ck;
 	e->pieces_only = pieces != NULL;
+	e->explain_only = explain_only;
 	int rc = fsti_load_opts_check(opts, &e->opts, err);
 	if (!rc)
 		rc = fsti_parse_device(e->opts.device, &e->device_type, &e->device_id, err);
@@ -804,7 +805,7 @@ int fst_load_explain(const fst_checkpoint *ck, const fst_load_opts *opts, char *
 	if (!ck || !buf || !size)
 		return fsti_err(err, FST_EUSAGE, "fst_load_explain: checkpoint and buf are required");
 	int rc;
-	struct fsti_engine *e = configure(ck, opts, NULL, 0, &rc, err);
+	struct fsti_engine *e = configure(ck, opts, NULL, 0, true, &rc, err);
 	if (!e)
 		return rc;
 	snprintf(buf, size, "%s", e->describe);
@@ -853,7 +854,7 @@ static int start_engine(const fst_checkpoint *ck, const fst_load_opts *opts,
 	*out = NULL;
 	double t0 = fsti_now();
 	int rc;
-	struct fsti_engine *e = configure(ck, opts, pieces, npieces, &rc, err);
+	struct fsti_engine *e = configure(ck, opts, pieces, npieces, false, &rc, err);
 	if (!e)
 		return rc;
 	rc = fsti_buffer_new(ck, &e->plan, &e->buf, err);

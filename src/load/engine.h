@@ -205,6 +205,9 @@ struct fsti_engine {
 	/* a load of given pieces (tensor-parallel ranks, each reading a part
 	 * of the files another rank does not): no replicas to meet */
 	bool pieces_only;
+	/* fst_load_explain: nothing is read, so no presence lock is taken (a
+	 * load of the same files would take it for another load) */
+	bool explain_only;
 	/* FST_URING_PAGE_CACHE: io_uring's reads through the page cache */
 	enum fsti_page_cache page_cache;
 	/* FST_READS_IN_FLIGHT: reads a worker keeps in flight in slot mode,

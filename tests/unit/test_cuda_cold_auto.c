@@ -366,7 +366,7 @@ static void test_replica_at_start(void **state)
 	fst_load_opts o;
 	cold_auto_opts(&o);
 	long base = c.host_base;
-	struct fsti_presence *other = fsti_presence_join(c.ck);
+	struct fsti_presence *other = fsti_presence_join(c.ck, true);
 	assert_non_null(other);
 	c.host_base = fsti_live_allocations(); /* the other load's, not a leak */
 	assert_false(fsti_presence_any(other, NULL)); /* its own lock is not another's */
@@ -427,13 +427,45 @@ static int arrive(void *ctx, size_t tensor, uint64_t offset, const void *bytes, 
 	(void)bytes;
 	(void)len;
 	if (!__atomic_load_n(&arrived, __ATOMIC_ACQUIRE)) {
-		struct fsti_presence *p = fsti_presence_join(c.ck);
+		struct fsti_presence *p = fsti_presence_join(c.ck, true);
 		struct fsti_presence *none = NULL;
 		if (!__atomic_compare_exchange_n(&arrived, &none, p, false, __ATOMIC_ACQ_REL,
 						 __ATOMIC_ACQUIRE))
 			fsti_presence_leave(p);
 	}
 	return 0;
+}
+
+/* fst_load_explain of a cold load takes no presence lock: a load of the
+ * same files looking for others (share_watch, every 10 ms) took it for a
+ * replica and left O_DIRECT for the rest of its load. It still sees
+ * another load's lock. */
+static void test_explain_takes_no_lock(void **state)
+{
+	(void)state;
+	fst_load_opts o;
+	cold_auto_opts(&o);
+	lh_evict(c.ck);
+	char why[1024];
+	fst_error err;
+	assert_int_equal(fst_fault_set("presence:1+", &err), 0); /* counts, refuses */
+	assert_int_equal(fst_load_explain(c.ck, &o, why, sizeof why, &err), 0);
+	long locks = fst_fault_last(NULL, 0);
+	assert_int_equal(fst_fault_set(NULL, NULL), 0);
+	if (locks)
+		fail_msg("fst_load_explain asked for %ld presence locks: \"%s\"", locks, why);
+	if (!strstr(why, "cold files read with O_DIRECT"))
+		fail_msg("alone: \"%s\"", why);
+	long base = c.host_base;
+	struct fsti_presence *other = fsti_presence_join(c.ck, true);
+	assert_non_null(other);
+	c.host_base = fsti_live_allocations(); /* the other load's, not a leak */
+	assert_int_equal(fst_load_explain(c.ck, &o, why, sizeof why, &err), 0);
+	if (!strstr(why, "another load is reading these files"))
+		fail_msg("beside another load: \"%s\"", why);
+	fsti_presence_leave(other);
+	c.host_base = base;
+	ch_assert_clean("explain", c.host_base);
 }
 
 static void test_replica_arrives(void **state)
@@ -544,6 +576,7 @@ int main(void)
 		cmocka_unit_test_setup(test_reads_in_flight, ch_reset),
 		cmocka_unit_test_setup(test_pread_hand_off, ch_reset),
 		cmocka_unit_test_setup(test_replica_at_start, ch_reset),
+		cmocka_unit_test_setup(test_explain_takes_no_lock, ch_reset),
 		cmocka_unit_test_setup(test_replica_arrives, ch_reset),
 		cmocka_unit_test_setup(test_partly_cached, ch_reset),
 	};

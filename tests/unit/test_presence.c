@@ -3,7 +3,8 @@
  * one in a child process, are seen on every file, and no longer once they
  * leave, or once the child exits without leaving (the lock goes with its
  * descriptors). A lock refused, or too few descriptors under RLIMIT_NOFILE
- * for three a file, leaves a load alone. */
+ * for three a file, leaves a load alone. One that only looks (hold false,
+ * as fst_load_explain does) sees the others and is seen by none. */
 #include "io.h"
 #include "load_helpers.h"
 
@@ -48,10 +49,10 @@ static void assert_seen(const struct fsti_presence *p, bool seen, const char *wh
 static void test_in_process(void **state)
 {
 	(void)state;
-	struct fsti_presence *a = fsti_presence_join(c.ck);
+	struct fsti_presence *a = fsti_presence_join(c.ck, true);
 	assert_non_null(a);
 	assert_seen(a, false, "alone");
-	struct fsti_presence *b = fsti_presence_join(c.ck);
+	struct fsti_presence *b = fsti_presence_join(c.ck, true);
 	assert_seen(a, true, "a second load");
 	assert_seen(b, true, "the second load looking");
 	fsti_presence_leave(b);
@@ -63,14 +64,14 @@ static void test_in_process(void **state)
 static void test_other_process(void **state)
 {
 	(void)state;
-	struct fsti_presence *a = fsti_presence_join(c.ck);
+	struct fsti_presence *a = fsti_presence_join(c.ck, true);
 	int ready[2], done[2];
 	assert_int_equal(pipe(ready), 0);
 	assert_int_equal(pipe(done), 0);
 	pid_t pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
-		struct fsti_presence *p = fsti_presence_join(c.ck);
+		struct fsti_presence *p = fsti_presence_join(c.ck, true);
 		char x = fsti_presence_any(p, NULL) ? 'y' : 'n'; /* sees the parent */
 		if (write(ready[1], &x, 1) != 1)
 			_exit(2);
@@ -94,13 +95,26 @@ static void test_other_process(void **state)
 	close(done[1]);
 }
 
+static void test_looking_without_holding(void **state)
+{
+	(void)state;
+	struct fsti_presence *a = fsti_presence_join(c.ck, true);
+	struct fsti_presence *look = fsti_presence_join(c.ck, false);
+	assert_non_null(look);
+	assert_seen(look, true, "looking at a load");
+	assert_seen(a, false, "a load, looked at");
+	fsti_presence_leave(a);
+	assert_seen(look, false, "looking, the load gone");
+	fsti_presence_leave(look);
+}
+
 static void test_lock_refused(void **state)
 {
 	(void)state;
-	struct fsti_presence *a = fsti_presence_join(c.ck);
+	struct fsti_presence *a = fsti_presence_join(c.ck, true);
 	fst_error err;
 	assert_int_equal(fst_fault_set("presence:1+", &err), 0);
-	struct fsti_presence *b = fsti_presence_join(c.ck); /* no lock had */
+	struct fsti_presence *b = fsti_presence_join(c.ck, true); /* no lock had */
 	assert_int_equal(fst_fault_set(NULL, NULL), 0);
 	assert_non_null(b);
 	assert_seen(a, false, "the other's lock refused");
@@ -116,11 +130,11 @@ static void test_descriptors_short(void **state)
 	(void)state;
 	struct rlimit old;
 	assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
-	struct fsti_presence *a = fsti_presence_join(c.ck);
+	struct fsti_presence *a = fsti_presence_join(c.ck, true);
 	struct rlimit low = old;
 	low.rlim_cur = 3 * fst_checkpoint_file_count(c.ck) + 63;
 	assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
-	struct fsti_presence *b = fsti_presence_join(c.ck);
+	struct fsti_presence *b = fsti_presence_join(c.ck, true);
 	assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
 	assert_false(fsti_presence_any(b, NULL));
 	assert_seen(a, false, "a load without room for its locks");
@@ -133,6 +147,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_in_process),
 		cmocka_unit_test(test_other_process),
+		cmocka_unit_test(test_looking_without_holding),
 		cmocka_unit_test(test_lock_refused),
 		cmocka_unit_test(test_descriptors_short),
 	};
