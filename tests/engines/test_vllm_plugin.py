@@ -272,6 +272,30 @@ def test_changed_loader_api_is_named(monkeypatch):
         plugin.make_loader_class()
 
 
+def test_vllm_runs_on_the_safetensors_drop_in(run_python_here, model_dir):
+    """docs/python.md's rename: with fst.compat.safetensors in place of
+    safetensors, vLLM's own weight utilities import (they take safe_open
+    and _TYPES from safetensors.torch: an ImportError once) and its
+    safetensors iterator reads through fst."""
+    r = run_python_here(
+        "import sys, fst.compat.safetensors, fst.compat.safetensors.torch\n"
+        "for n in ('', '.torch'):\n"
+        "    sys.modules['safetensors' + n] = sys.modules['fst.compat.safetensors' + n]\n"
+        "import glob, torch\n"
+        "from vllm.model_executor.model_loader import weight_utils as wu\n"
+        "assert wu.safe_open is fst.compat.safetensors.safe_open\n"
+        f"files = sorted(glob.glob({str(model_dir)!r} + '/*.safetensors'))\n"
+        "got = dict(wu.safetensors_weights_iterator(files, False))\n"
+        "ref = {}\n"
+        "for f in files:\n"
+        "    ref.update(fst.compat.safetensors.torch.load_file(f))\n"
+        "assert sorted(got) == sorted(ref) and len(got) == 60, len(got)\n"
+        "assert all(torch.equal(got[k].view(-1).view(torch.uint8), "
+        "ref[k].view(-1).view(torch.uint8)) for k in ref if ref[k].numel())\n"
+        "print('OK')\n")
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stderr[-3000:]
+
+
 def test_missing_vllm_is_named(run_python_here):
     r = run_python_here("import sys; sys.modules['vllm'] = None\n"
                         "from fst.integrations import vllm as p\n"

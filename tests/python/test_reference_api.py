@@ -486,6 +486,37 @@ def test_torch_bytes_both_ways(torch, st_pt, ref_pt, tmp_path):
             assert raw(got[k]) == raw(t), k
 
 
+# names that clients import from the reference's modules beside the
+# functions (vLLM: safe_open from safetensors.torch, _TYPES as its dtype map;
+# torch's checkpoint reader: _getdtype)
+IMPORTED = ("safe_open", "serialize", "serialize_file", "deserialize", "TensorSpec", "_TYPES",
+            "_getdtype")
+
+
+def test_names_clients_import_from_the_torch_module(torch, st, st_pt, ref_pt):
+    for name in IMPORTED + ("_SIZE",):
+        assert hasattr(ref_pt, name), name  # still the reference's
+        assert hasattr(st_pt, name), name
+    for name in IMPORTED[:5]:
+        assert getattr(st_pt, name) is getattr(st, name), name
+    assert st_pt._TYPES == ref_pt._TYPES
+    assert {k: v for k, v in st_pt._SIZE.items() if k is not None} == \
+        {k: v for k, v in ref_pt._SIZE.items() if k is not None}
+    assert st_pt._getdtype("BF16") is torch.bfloat16
+    with pytest.raises(KeyError):
+        st_pt._getdtype("F4")
+
+
+def test_names_clients_import_from_the_numpy_module(st, st_np):
+    for name in IMPORTED:
+        assert hasattr(ref_np, name), name
+        assert hasattr(st_np, name), name
+    for name in IMPORTED[:5]:
+        assert getattr(st_np, name) is getattr(st, name), name
+    assert st_np._TYPES == ref_np._TYPES
+    assert st_np._getdtype("U16") is np.uint16
+
+
 def test_conjugate_and_negative_views_are_saved_as_their_values(torch, st_pt, tmp_path):
     # their memory holds the values before the conjugation or negation (the
     # reference writes that memory: the wrong values)
@@ -513,6 +544,27 @@ def test_f4_and_e8m0_round_trip(torch, st_pt, ref_pt, tmp_path):
         assert got["f4"].dtype == torch.float4_e2m1fn_x2 and tuple(got["f4"].shape) == (2, 4)
         assert raw(got["f4"]) == raw(f4)
         assert got["e8"].dtype == torch.float8_e8m0fnu and raw(got["e8"]) == raw(e8)
+
+
+def test_f4_slices_count_values_with_every_backend(torch, st, st_pt, tmp_path):
+    """get_shape() counts F4 values, and so does every slice: with the mmap
+    backend (torch's indexing) a slice once counted bytes of two values,
+    giving twice the columns asked for."""
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip(f"torch {torch.__version__} has no float4_e2m1fn_x2")
+    f4 = torch.arange(8, dtype=torch.uint8).view(torch.float4_e2m1fn_x2).reshape(2, 4)
+    p = tmp_path / "f4.safetensors"
+    st_pt.save_file({"f4": f4}, p)
+    cuts = []
+    for backend in ("mmap", "pread"):
+        with st.safe_open(p, "pt", backend=backend) as f:
+            sl = f.get_slice("f4")
+            assert sl.get_shape() == [2, 8]
+            cuts.append((sl[:, 0:2], sl[1:, 4:8], sl[:]))
+    for a, b in zip(*cuts):
+        assert a.shape == b.shape and raw(a) == raw(b)
+    assert raw(cuts[0][0]) == bytes([0, 4])  # the first byte of each row: two values
+    assert raw(cuts[0][1]) == bytes([6, 7])
 
 
 def test_shared_strided_sparse_and_bogus_are_refused(torch, st_pt, ref_pt, fst_pkg, tmp_path):

@@ -342,7 +342,9 @@ class _Slice:
         return self._dtype
 
     def __getitem__(self, index):
-        if self._torch:
+        # sub-byte dtypes always by the file's shape (get_shape's units): the
+        # loaded tensor counts F4 in bytes of two values
+        if self._torch and self._dtype not in _SUB_BYTE:
             return self._state.tensors()[self._name][index]
         picks = _parse_index(index, self._shape)
         shape = _check_picks(picks, self._shape, self._dtype)

@@ -1,6 +1,9 @@
 """safetensors.torch over fst: load_file, load, save_file, save, save_model,
 load_model, storage_ptr, storage_size, with the reference's arguments and
-errors. Needs torch, as the reference module does."""
+errors; also the names clients import from the reference module
+(safe_open, serialize, serialize_file, deserialize, TensorSpec and the
+dtype tables _TYPES and _SIZE with _getdtype). Needs torch, as the
+reference module does."""
 from __future__ import annotations
 
 import os
@@ -12,10 +15,37 @@ import torch
 from ... import load_file as _fst_load_file
 from ... import save as _fst_save
 from ... import save_file as _fst_save_file
-from . import _load_bytes
+from . import TensorSpec, _load_bytes, deserialize, safe_open, serialize, serialize_file
 
 __all__ = ["storage_ptr", "storage_size", "save_model", "load_model", "save", "save_file",
-           "load_file", "load"]
+           "load_file", "load", "safe_open", "serialize", "serialize_file", "deserialize",
+           "TensorSpec"]
+
+
+def _dtype_tables():
+    """(_TYPES, _SIZE) with the reference's entries: file dtype names to the
+    torch dtypes this torch has (clients index it and invert it; F8_E8M0 and
+    F4 are not in it), and bytes a value for each torch dtype."""
+    names = [("F64", "float64"), ("F32", "float32"), ("F16", "float16"), ("BF16", "bfloat16"),
+             ("I64", "int64"), ("I32", "int32"), ("I16", "int16"), ("I8", "int8"),
+             ("U8", "uint8"), ("BOOL", "bool"), ("F8_E4M3", "float8_e4m3fn"),
+             ("F8_E4M3FNUZ", "float8_e4m3fnuz"), ("F8_E5M2", "float8_e5m2"),
+             ("F8_E5M2FNUZ", "float8_e5m2fnuz"), ("C64", "complex64"), ("U64", "uint64"),
+             ("U32", "uint32"), ("U16", "uint16")]
+    types = {k: getattr(torch, v) for k, v in names if hasattr(torch, v)}
+    sizes = {t: t.itemsize for t in types.values()}
+    for extra in ("float8_e8m0fnu", "float4_e2m1fn_x2"):
+        if hasattr(torch, extra):
+            sizes[getattr(torch, extra)] = 1
+    return types, sizes
+
+
+_TYPES, _SIZE = _dtype_tables()
+
+
+def _getdtype(dtype_str: str) -> torch.dtype:
+    """The torch dtype of a file dtype name (KeyError for one it lacks)."""
+    return _TYPES[dtype_str]
 
 
 def storage_ptr(tensor: torch.Tensor) -> int:
