@@ -33,7 +33,10 @@ def _write_order(entries: list) -> list:
 
 
 def _is_torch(value) -> bool:
-    return type(value).__module__.startswith("torch")
+    """A torch tensor, subclasses defined outside torch included (vLLM's
+    parameters, a user's): where a tensor exists, torch is imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def _torch_entry(name, t):

@@ -546,6 +546,27 @@ def test_f4_and_e8m0_round_trip(torch, st_pt, ref_pt, tmp_path):
         assert got["e8"].dtype == torch.float8_e8m0fnu and raw(got["e8"]) == raw(e8)
 
 
+def test_tensor_subclasses_are_saved_as_tensors(torch, st_pt, ref_pt, tmp_path):
+    """A torch.Tensor subclass from outside torch (vLLM's parameters, a
+    user's) is saved as a tensor, with the reference's bytes and refusals:
+    it went the numpy way once (BF16 and parameters failed, shared and
+    strided ones were saved)."""
+    class Sub(torch.Tensor):
+        pass
+
+    w = torch.arange(6, dtype=torch.float32).reshape(2, 3).bfloat16().as_subclass(Sub)
+    p = torch.nn.Parameter(torch.ones(4, 2))  # requires grad
+    tensors = {"w": w, "p": p}
+    assert st_pt.save(tensors) == ref_pt.save(tensors)
+    s = torch.ones(2).as_subclass(Sub)
+    for bad, exc in (({"a": s, "b": s}, RuntimeError),
+                     ({"t": torch.ones(2, 3).as_subclass(Sub).t()}, ValueError)):
+        with pytest.raises(exc):
+            ref_pt.save(bad)
+        with pytest.raises(exc):
+            st_pt.save(bad)
+
+
 def test_f4_slices_count_values_with_every_backend(torch, st, st_pt, tmp_path):
     """get_shape() counts F4 values, and so does every slice: with the mmap
     backend (torch's indexing) a slice once counted bytes of two values,
