@@ -503,8 +503,9 @@ typedef struct fst_load_opts {
 	/* Keep only the tensors for which filter returns nonzero (NULL: all). */
 	int (*filter)(void *ctx, const char *name);
 	void *filter_ctx;
-	/* Called from the thread that waits for the load, at most every 100 ms
-	 * and once at the end with done == total. */
+	/* Called from the thread that waits for the load (in fst_loader_finish,
+	 * and in fst_loader_next while it waits for a tensor), at most every
+	 * 100 ms in each wait, and once at the end with done == total. */
 	void (*progress)(void *ctx, uint64_t done, uint64_t total);
 	void *progress_ctx;
 	const fst_allocator *allocator; /* NULL: libfst allocates */

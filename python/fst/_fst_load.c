@@ -361,6 +361,8 @@ typedef struct {
 	/* a next() runs with the GIL released: no other next() or finish()
 	 * may use the loader meanwhile (finish would free it under next) */
 	int busy;
+	/* next()'s and finish()'s waits run the signal handlers, as fst.load's */
+	struct interruptible in;
 } LoaderObject;
 
 static void Loader_dealloc(LoaderObject *self)
@@ -374,7 +376,20 @@ static void Loader_dealloc(LoaderObject *self)
 	}
 	free_load_args(&self->la);
 	Py_XDECREF(self->checkpoint);
+	Py_XDECREF(self->in.raised);
 	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A signal handler's exception from the last wait (Ctrl-C: the load was
+ * cancelled), raised here: 1; else 0. */
+static int raise_interrupt(LoaderObject *self)
+{
+	if (!self->in.raised)
+		return 0;
+	PyObject *e = self->in.raised;
+	self->in.raised = NULL;
+	put_exception(e);
+	return 1;
 }
 
 PyObject *fstpy_start(PyObject *mod, PyObject *args, PyObject *kw)
@@ -386,6 +401,8 @@ PyObject *fstpy_start(PyObject *mod, PyObject *args, PyObject *kw)
 	self->ld = NULL;
 	self->checkpoint = NULL;
 	self->busy = 0;
+	self->in.ld = NULL;
+	self->in.raised = NULL;
 	CheckpointObject *ck;
 	if (parse_load_args(args, kw, &ck, &self->la)) {
 		Py_DECREF(self); /* Loader_dealloc frees what parse_load_args made */
@@ -393,6 +410,8 @@ PyObject *fstpy_start(PyObject *mod, PyObject *args, PyObject *kw)
 	}
 	Py_INCREF(ck);
 	self->checkpoint = (PyObject *)ck;
+	self->la.opts.progress = check_signals;
+	self->la.opts.progress_ctx = &self->in;
 	fst_error err;
 	int rc;
 	Py_BEGIN_ALLOW_THREADS
@@ -402,6 +421,8 @@ PyObject *fstpy_start(PyObject *mod, PyObject *args, PyObject *kw)
 		Py_DECREF(self);
 		return fstpy_raise_at(rc, &err, ck->ck, NULL);
 	}
+	/* no wait has begun: nothing reports before this */
+	self->in.ld = self->ld;
 	return (PyObject *)self;
 }
 
@@ -442,6 +463,11 @@ static PyObject *Loader_next(LoaderObject *self, PyObject *unused)
 	rc = fst_loader_next(self->ld, &v, &err);
 	Py_END_ALLOW_THREADS
 	self->busy = LOADER_FREE;
+	if (raise_interrupt(self)) {
+		if (rc == 1)
+			fst_view_release(&v);
+		return NULL;
+	}
 	if (rc < 0)
 		return fstpy_raise_at(rc, &err, loader_checkpoint(self), NULL);
 	if (rc == 0)
@@ -494,6 +520,11 @@ static PyObject *Loader_finish(LoaderObject *self, PyObject *unused)
 	Py_BEGIN_ALLOW_THREADS
 	rc = fst_loader_finish(ld, &buf, &err);
 	Py_END_ALLOW_THREADS
+	self->in.ld = NULL; /* freed by the finish */
+	if (raise_interrupt(self)) {
+		fst_buffer_release(buf); /* a cancel that came after the last byte */
+		return NULL;
+	}
 	if (rc)
 		return fstpy_raise_at(rc, &err, loader_checkpoint(self), NULL);
 	return fstpy_wrap_buffer(buf);

@@ -974,6 +974,35 @@ int fsti_load_pieces(const fst_checkpoint *ck, const fst_load_opts *opts,
 	return rc;
 }
 
+/* One wait on the engine's condition (lock held) of at most 100 ms; true
+ * when 100 ms have passed since *last, which becomes now: time to report.
+ * Every finished tensor wakes a waiter, so reports come at most every
+ * 100 ms, as documented. */
+static bool wait_beat(struct fsti_engine *e, double *last)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_nsec += 100 * 1000000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+	double now = fsti_now();
+	if (now - *last < 0.1)
+		return false;
+	*last = now;
+	return true;
+}
+
+/* The progress callback, called with the lock let go (it may cancel). */
+static void report_progress(struct fsti_engine *e)
+{
+	pthread_mutex_unlock(&e->lock);
+	e->opts.progress(e->opts.progress_ctx, atomic_load(&e->bytes_done), e->plan.total_bytes);
+	pthread_mutex_lock(&e->lock);
+}
+
 static bool all_handed(const struct fsti_engine *e)
 {
 	return e->nhanded == e->plan.nt;
@@ -986,8 +1015,15 @@ int fst_loader_next(fst_loader *ld, fst_tensor_view *view, fst_error *err)
 	if (!e || !view)
 		return fsti_err(err, FST_EUSAGE, "fst_loader_next: loader and view are required");
 	pthread_mutex_lock(&e->lock);
-	while (!e->error && e->nhanded == e->nready && e->running)
-		pthread_cond_wait(&e->cond, &e->lock);
+	/* with progress asked for, the wait reports as fst_loader_finish's
+	 * does (a caller may stop the load from there: Ctrl-C in Python) */
+	double last = fsti_now();
+	while (!e->error && e->nhanded == e->nready && e->running) {
+		if (!e->opts.progress)
+			pthread_cond_wait(&e->cond, &e->lock);
+		else if (wait_beat(e, &last))
+			report_progress(e);
+	}
 	int rc;
 	if (e->error) {
 		rc = e->error;
@@ -1061,28 +1097,10 @@ static void wait_workers(struct fsti_engine *e, bool report)
 	double last = fsti_now();
 	pthread_mutex_lock(&e->lock);
 	while (e->running) {
-		if (!report) {
+		if (!report)
 			pthread_cond_wait(&e->cond, &e->lock);
-			continue;
-		}
-		struct timespec ts;
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		ts.tv_nsec += 100 * 1000000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
-		pthread_cond_timedwait(&e->cond, &e->lock, &ts);
-		/* every finished tensor wakes this thread: report at most every
-		 * 100 ms, as documented */
-		double now = fsti_now();
-		if (now - last < 0.1)
-			continue;
-		last = now;
-		pthread_mutex_unlock(&e->lock);
-		e->opts.progress(e->opts.progress_ctx, atomic_load(&e->bytes_done),
-				 e->plan.total_bytes);
-		pthread_mutex_lock(&e->lock);
+		else if (wait_beat(e, &last))
+			report_progress(e);
 	}
 	pthread_mutex_unlock(&e->lock);
 }

@@ -339,24 +339,31 @@ print("ok", sys.getrefcount(alloc), sys.getrefcount(free))
     assert out.strip() == "ok 2 2"
 
 
-def test_ctrl_c_stops_a_load(cuda_double, gen_dir):
+@pytest.mark.parametrize("how", ["load", "next", "finish"])
+def test_ctrl_c_stops_a_load(cuda_double, gen_dir, how):
     """Ctrl-C (SIGINT) during a load raises KeyboardInterrupt within a beat
     of the load's wait (100 ms), not once every byte is in: here a load the
-    double's slowed copies stretch to seconds. The process loads again
-    after, and nothing of the interrupted load is left."""
+    double's slowed copies stretch to seconds. So in a streamed load's
+    next() and finish() (they ignored it until the load ended). The process
+    loads again after, and nothing of the interrupted load is left."""
     import os
     import signal
     import subprocess
     import sys
     import time
     ck = gen_dir(shards=1, seed=52, size="8MiB")
+    call = {"load": 'fst._fst.load(ck, device="cuda:0", threads=1, chunk_bytes=4096)',
+            "next": 'ld = fst._fst.start(ck, device="cuda:0", threads=1, chunk_bytes=4096)\n'
+                    '    while ld.next() is not None:\n        pass',
+            "finish": 'ld = fst._fst.start(ck, device="cuda:0", threads=1, chunk_bytes=4096)\n'
+                      '    ld.finish()'}[how]
     code = f"""
 import time, fst
 ck = fst._fst.Checkpoint({str(ck)!r})
 t0 = time.time()
 print("start", flush=True)
 try:
-    fst._fst.load(ck, device="cuda:0", threads=1, chunk_bytes=4096)
+    {call}
     print("finished %.2f" % (time.time() - t0), flush=True)
 except KeyboardInterrupt:
     print("interrupted %.2f" % (time.time() - t0), flush=True)

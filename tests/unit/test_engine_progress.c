@@ -1,9 +1,15 @@
 /* Description: the progress callback, with every io method: done never goes
  * back, total is the checkpoint's bytes, the last call reports the end, calls
  * come at most every 100 ms (and once at the end), and a load that selects
- * nothing still reports its end once. */
+ * nothing still reports its end once. fst_loader_next reports too while it
+ * waits for a tensor (from its own thread), and a cancel from there ends
+ * the wait with FST_ECANCELED. */
 #include "format.h"
 #include "load_helpers.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 
 struct progress_log {
 	uint64_t done[100000], total[100000];
@@ -86,10 +92,85 @@ static void test_progress(void **state)
 	fst_checkpoint_close(ck);
 }
 
+/* ---- progress from fst_loader_next's wait */
+
+struct next_wait {
+	fst_loader *ld;
+	pthread_t waiter;
+	atomic_int from_waiter, elsewhere;
+	bool cancel;
+	atomic_bool slept;
+};
+
+/* The first bytes to land take 350 ms: the first next() waits that long. */
+static int slow_first(void *ctx, size_t tensor, uint64_t offset, const void *bytes, uint64_t len)
+{
+	(void)tensor, (void)offset, (void)bytes, (void)len;
+	struct next_wait *w = ctx;
+	if (!atomic_exchange(&w->slept, true))
+		nanosleep(&(struct timespec){0, 350 * 1000000}, NULL);
+	return 0;
+}
+
+static void next_progress(void *ctx, uint64_t done, uint64_t total)
+{
+	(void)done, (void)total;
+	struct next_wait *w = ctx;
+	if (pthread_equal(pthread_self(), w->waiter))
+		atomic_fetch_add(&w->from_waiter, 1);
+	else
+		atomic_fetch_add(&w->elsewhere, 1);
+	if (w->cancel)
+		fst_loader_cancel(w->ld);
+}
+
+static void test_progress_while_next_waits(void **state)
+{
+	(void)state;
+	fst_checkpoint *ck = lh_open(lh_big_path());
+	for (int cancel = 0; cancel < 2; cancel++) {
+		struct next_wait w = {.waiter = pthread_self(), .cancel = cancel};
+		atomic_init(&w.from_waiter, 0);
+		atomic_init(&w.elsewhere, 0);
+		atomic_init(&w.slept, false);
+		fst_load_opts o;
+		fst_load_opts_init(&o);
+		o.io = FST_IO_PREAD;
+		o.threads = 1;
+		o.on_landed = slow_first;
+		o.on_landed_ctx = &w;
+		o.progress = next_progress;
+		o.progress_ctx = &w;
+		fst_error err;
+		assert_int_equal(fst_load_start(ck, &o, &w.ld, &err), 0);
+		fst_tensor_view v;
+		int rc = fst_loader_next(w.ld, &v, &err);
+		int calls = atomic_load(&w.from_waiter);
+		if (cancel) {
+			/* stopped from the first report, 100 ms into the wait */
+			assert_int_equal(rc, FST_ECANCELED);
+			assert_int_equal(calls, 1);
+		} else {
+			assert_int_equal(rc, 1);
+			fst_view_release(&v);
+			/* 350 ms of waiting: reports at 100, 200 and 300 ms */
+			if (calls < 1 || calls > 4)
+				fail_msg("%d progress calls from next()'s 350 ms wait", calls);
+			fst_loader_cancel(w.ld);
+		}
+		assert_int_equal(atomic_load(&w.elsewhere), 0);
+		fst_buffer *buf = NULL;
+		assert_int_equal(fst_loader_finish(w.ld, &buf, &err), FST_ECANCELED);
+		assert_null(buf);
+	}
+	fst_checkpoint_close(ck);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_progress),
+		cmocka_unit_test(test_progress_while_next_waits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
