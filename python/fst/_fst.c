@@ -116,11 +116,24 @@ PyObject *fstpy_raise(int code, const fst_error *err)
 	return fstpy_raise_at(code, err, NULL, NULL);
 }
 
+PyObject *fstpy_put(PyObject *seq, Py_ssize_t i, PyObject *item)
+{
+	if (!item) {
+		Py_DECREF(seq);
+		return NULL;
+	}
+	if (PyTuple_Check(seq))
+		PyTuple_SET_ITEM(seq, i, item);
+	else
+		PyList_SET_ITEM(seq, i, item);
+	return seq;
+}
+
 PyObject *fstpy_shape_tuple(uint32_t ndim, const uint64_t *shape)
 {
 	PyObject *t = PyTuple_New(ndim);
 	for (uint32_t d = 0; t && d < ndim; d++)
-		PyTuple_SET_ITEM(t, d, PyLong_FromUnsignedLongLong(shape[d]));
+		t = fstpy_put(t, d, PyLong_FromUnsignedLongLong(shape[d]));
 	return t;
 }
 

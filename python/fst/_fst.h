@@ -22,6 +22,10 @@ PyObject *fstpy_raise_at(int code, const fst_error *err, const fst_checkpoint *c
 			 const char *path);
 PyObject *fstpy_raise(int code, const fst_error *err);
 /* shape as a tuple of ints */
+/* seq (a new list or tuple) with item i set to item; where item is NULL
+ * (its exception set), seq let go and NULL: fill with
+ * `for (...; seq && ...; ...) seq = fstpy_put(seq, i, make());` */
+PyObject *fstpy_put(PyObject *seq, Py_ssize_t i, PyObject *item);
 PyObject *fstpy_shape_tuple(uint32_t ndim, const uint64_t *shape);
 
 /* ---- _fst_checkpoint.c */

@@ -120,7 +120,7 @@ static PyObject *Checkpoint_keys(CheckpointObject *self, PyObject *unused)
 	for (size_t i = 0; list && i < n; i++) {
 		fst_tensor_info t;
 		fst_checkpoint_tensor(self->ck, i, &t, NULL);
-		PyList_SET_ITEM(list, (Py_ssize_t)i, PyUnicode_FromString(t.name));
+		list = fstpy_put(list, (Py_ssize_t)i, PyUnicode_FromString(t.name));
 	}
 	return list;
 }
@@ -155,8 +155,8 @@ static PyObject *Checkpoint_files(CheckpointObject *self, PyObject *unused)
 	size_t n = fst_checkpoint_file_count(self->ck);
 	PyObject *list = PyList_New((Py_ssize_t)n);
 	for (size_t i = 0; list && i < n; i++)
-		PyList_SET_ITEM(list, (Py_ssize_t)i,
-				PyUnicode_DecodeFSDefault(fst_file_path(fst_checkpoint_file(self->ck, i))));
+		list = fstpy_put(list, (Py_ssize_t)i,
+				 PyUnicode_DecodeFSDefault(fst_file_path(fst_checkpoint_file(self->ck, i))));
 	return list;
 }
 

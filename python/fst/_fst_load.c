@@ -232,7 +232,7 @@ static PyObject *Buffer_names(BufferObject *self, PyObject *unused)
 	for (size_t i = 0; list && i < n; i++) {
 		fst_tensor_view v;
 		fst_buffer_tensor(self->buf, i, &v);
-		PyList_SET_ITEM(list, (Py_ssize_t)i, PyUnicode_FromString(v.name));
+		list = fstpy_put(list, (Py_ssize_t)i, PyUnicode_FromString(v.name));
 		fst_view_release(&v);
 	}
 	return list;

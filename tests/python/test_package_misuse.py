@@ -248,3 +248,35 @@ def test_checkpoint_init_from_two_threads(fst_pkg, small):
         assert sorted(outcomes) == ["opened", "refused"], outcomes
         del ck
     assert fds() == before
+
+
+def test_lists_out_of_memory_are_memory_errors(fst_pkg, tmp_path):
+    """Each allocation of keys(), files(), Buffer.names() and a shape tuple
+    failing in turn: a MemoryError, never a half-built list returned with
+    an exception set (a SystemError once)."""
+    testcapi = pytest.importorskip("_testcapi")
+    if not hasattr(testcapi, "set_nomemory"):
+        pytest.skip("this Python's _testcapi cannot fail allocations")
+    p = tmp_path / "many.safetensors"
+    tensors = {f"t{i}": np.zeros((2, 3), np.float32) for i in range(40)}
+    tensors["big"] = np.zeros((300, 301), np.uint8)  # dims past the small ints Python keeps
+    fst_pkg.save_file(tensors, str(p))
+    ck = fst_pkg._fst.Checkpoint(str(p))
+    buf = fst_pkg._fst.load(ck, device="cpu")
+    calls = {"keys": ck.keys, "files": ck.files, "names": buf.names,
+             "shape": lambda: buf.tensor("big").shape}
+    for what, call in calls.items():
+        outcomes = set()
+        for k in range(1, 120):
+            testcapi.set_nomemory(k, k + 1)
+            try:
+                call()
+                outcomes.add("ok")
+            except MemoryError:
+                outcomes.add("MemoryError")
+            except Exception as e:  # noqa: BLE001 - what this test looks for
+                outcomes.add(f"{type(e).__name__}: {e}")
+            finally:
+                testcapi.remove_mem_hooks()
+        assert outcomes <= {"ok", "MemoryError"}, (what, outcomes)
+        assert "MemoryError" in outcomes, what
