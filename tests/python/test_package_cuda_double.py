@@ -353,7 +353,10 @@ def test_ctrl_c_stops_a_load(cuda_double, gen_dir, how):
     import time
     ck = gen_dir(shards=1, seed=52, size="8MiB")
     call = {"load": 'fst._fst.load(ck, device="cuda:0", threads=1, chunk_bytes=4096)',
-            "next": 'ld = fst._fst.start(ck, device="cuda:0", threads=1, chunk_bytes=4096)\n'
+            # one tensor whose copies the double stretches to seconds: one
+            # next() waits that long
+            "next": 'ld = fst._fst.start(ck, device="cuda:0", threads=1, chunk_bytes=4096, '
+                    'names=["lm_head.weight"])\n'
                     '    while ld.next() is not None:\n        pass',
             "finish": 'ld = fst._fst.start(ck, device="cuda:0", threads=1, chunk_bytes=4096)\n'
                       '    ld.finish()'}[how]
@@ -372,7 +375,8 @@ os.environ["FST_DOUBLE_DELAY_US"] = "0"
 buf = fst._fst.load(ck, device="cuda:1")
 print("again", len(buf.names()), flush=True)
 """
-    env = dict(os.environ, FST_CUDA_LIBRARY=cuda_double, FST_DOUBLE_DELAY_US="3000")
+    env = dict(os.environ, FST_CUDA_LIBRARY=cuda_double,
+               FST_DOUBLE_DELAY_US="40000" if how == "next" else "3000")
     env.pop("FST_FAULT", None)
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env)
