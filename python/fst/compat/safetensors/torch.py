@@ -15,6 +15,7 @@ import torch
 from ... import load_file as _fst_load_file
 from ... import save as _fst_save
 from ... import save_file as _fst_save_file
+from ..._write import _NP_TO_ST
 from . import TensorSpec, _load_bytes, deserialize, safe_open, serialize, serialize_file
 
 __all__ = ["storage_ptr", "storage_size", "save_model", "load_model", "save", "save_file",
@@ -25,19 +26,12 @@ __all__ = ["storage_ptr", "storage_size", "save_model", "load_model", "save", "s
 def _dtype_tables():
     """(_TYPES, _SIZE) with the reference's entries: file dtype names to the
     torch dtypes this torch has (clients index it and invert it; F8_E8M0 and
-    F4 are not in it), and bytes a value for each torch dtype."""
-    names = [("F64", "float64"), ("F32", "float32"), ("F16", "float16"), ("BF16", "bfloat16"),
-             ("I64", "int64"), ("I32", "int32"), ("I16", "int16"), ("I8", "int8"),
-             ("U8", "uint8"), ("BOOL", "bool"), ("F8_E4M3", "float8_e4m3fn"),
-             ("F8_E4M3FNUZ", "float8_e4m3fnuz"), ("F8_E5M2", "float8_e5m2"),
-             ("F8_E5M2FNUZ", "float8_e5m2fnuz"), ("C64", "complex64"), ("U64", "uint64"),
-             ("U32", "uint32"), ("U16", "uint16")]
-    types = {k: getattr(torch, v) for k, v in names if hasattr(torch, v)}
-    sizes = {t: t.itemsize for t in types.values()}
-    for extra in ("float8_e8m0fnu", "float4_e2m1fn_x2"):
-        if hasattr(torch, extra):
-            sizes[getattr(torch, extra)] = 1
-    return types, sizes
+    F4 are not in it), and bytes a value for each torch dtype, F8_E8M0 and
+    F4 included. Both from the writer's table of dtype names."""
+    have = [(getattr(torch, name), code) for name, code in _NP_TO_ST.items()
+            if hasattr(torch, name)]
+    types = {code: t for t, code in have if code not in ("F8_E8M0", "F4")}
+    return types, {t: t.itemsize for t, _ in have}
 
 
 _TYPES, _SIZE = _dtype_tables()
