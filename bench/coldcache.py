@@ -250,6 +250,12 @@ def scrub(files):
 
 def make_cold(files, scrub_with=()):
     """drop_caches(files), after scrubbing with scrub_with when given."""
-    if scrub_with:
-        scrub(scrub_with)
-    return drop_caches(files) + (" + scrub" if scrub_with else "")
+    return make_cold_timed(files, scrub_with)[0]
+
+
+def make_cold_timed(files, scrub_with=()):
+    """make_cold, and the seconds the scrub took (None without one): the
+    disk's O_DIRECT rate just before a cold pass, the same bytes read the
+    same way before every loader, so a pass that met a slow disk shows it."""
+    took = scrub(scrub_with) if scrub_with else None
+    return drop_caches(files) + (" + scrub" if scrub_with else ""), took

@@ -97,7 +97,7 @@ import subprocess
 import sys
 import time
 
-from coldcache import (make_cold, read_ahead_pattern, read_pattern, read_stream_pattern,
+from coldcache import (make_cold_timed, read_ahead_pattern, read_pattern, read_stream_pattern,
                        scrub_files)
 
 LOADERS = ["fst.load", "fst.iter_tensors", "fst.iter_into_params", "safetensors",
@@ -442,7 +442,9 @@ def main():
                          "every round")
     ap.add_argument("--scrub", default=None,
                     help="a file or folder read with O_DIRECT before each cold pass, to empty "
-                         "caches below the guest's (bench/coldcache.py)")
+                         "caches below the guest's (bench/coldcache.py); its rate before each "
+                         "pass is reported (scrub_gbps in the JSON's passes): the disk each "
+                         "loader met")
     ap.add_argument("--check", default="first",
                     help="whose bytes are checked against the file, in their first pass: "
                          "first (every loader's), none, or a comma-separated list of loaders "
@@ -457,6 +459,7 @@ def main():
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     scrub_with = scrub_files(a.scrub)
+    scrub_bytes = sum(os.path.getsize(f) for f in scrub_with)
     if a.child:
         return child(a)
     if not a.settle >= 0:  # NaN too
@@ -555,10 +558,11 @@ def main():
                 if mode == "warm" and name in PATTERNS:
                     continue
                 t_pass = time.perf_counter()
+                scrubbed = None
                 if mode == "warm":
                     warm(files)
                 else:
-                    evict = make_cold(files, scrub_with)
+                    evict, scrubbed = make_cold_timed(files, scrub_with)
                 # each loader checked in its first pass of the first mode
                 first = mode == modes[0] and "check" not in info[name] and \
                     not any(x is not None for x in results[name][mode])
@@ -570,6 +574,9 @@ def main():
                                "since_setup_seconds": res.get("since_setup_seconds"),
                                "settle": a.settle, "sweep": sweep + 1,
                                "timed_seconds": res.get("seconds")})
+                if scrubbed:
+                    passes[-1]["scrub_seconds"] = round(scrubbed, 4)
+                    passes[-1]["scrub_gbps"] = round(scrub_bytes / scrubbed / 1e9, 3)
                 if "error" in res:
                     print(f"round {r + 1} {mode} {name}: {res['error']}", flush=True)
                     info[name].setdefault("errors", []).append(res["error"])
@@ -582,9 +589,10 @@ def main():
                         info[name][k] = max(info[name].get(k, 0), res[k]) if k != "check" \
                             else res[k]
                 stolen = "" if res.get("steal") is None else f", {res['steal']:.1%} stolen"
+                disk = f", scrub {passes[-1]['scrub_gbps']:.2f} GB/s" if scrubbed else ""
                 print(f"round {r + 1} {mode} {name}: {res['seconds']:.3f} s "
                       f"{nbytes / res['seconds'] / 1e9:.2f} GB/s (pass {passes[-1]['seconds']} s"
-                      f"{stolen})", flush=True)
+                      f"{disk}{stolen})", flush=True)
                 dump()
             if mode == "warm" and warm_limits(lim):
                 # again after the round's last warm pass (before any cold one
@@ -661,7 +669,25 @@ def main():
         print(spread)
     for line in steal_lines(passes, modes):
         print(line)
+    disk = scrub_lines(passes)
+    if disk:
+        print(disk)
     dump()
+
+
+def scrub_lines(passes):
+    """Cold, the rate of the scrub just before each loader's pass, round by
+    round: the same bytes read the same way (O_DIRECT) before every loader,
+    so a loader that met a slower disk than the others in its round shows it
+    here, beside its figure."""
+    rounds = {}
+    for p in passes:
+        if p.get("scrub_gbps"):
+            rounds.setdefault(p["round"], []).append(f"{p['loader']} {p['scrub_gbps']:.2f}")
+    if not rounds:
+        return ""
+    return "cold, the scrub's O_DIRECT read just before each pass, GB/s: " + "; ".join(
+        f"round {r} " + ", ".join(v) for r, v in sorted(rounds.items()))
 
 
 def steal_lines(passes, modes):

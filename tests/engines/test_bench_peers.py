@@ -309,6 +309,44 @@ def test_cold_round_with_a_read_pattern(ckpt, tmp_path):
     assert row.split("|")[6].strip() not in ("", "-"), row  # × best read
 
 
+def test_cold_scrub_rate_before_every_pass(ckpt, tmp_path):
+    """--scrub: the other files read with O_DIRECT before each cold pass, and
+    that read's rate recorded with the pass and printed, loader by loader: the
+    disk each loader met."""
+    path, _ = ckpt
+    scrub = tmp_path / "scrub.bin"
+    scrub.write_bytes(os.urandom(8 << 20))
+    out = tmp_path / "cold.json"
+    r = run_peers(path, "--device", "cpu", "--rounds", "2", "--no-warm", "--scrub", str(scrub),
+                  "--only", "fst.load,safetensors", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["evicted_by"].endswith(" + scrub"), doc["evicted_by"]
+    passes = doc["passes"]
+    assert [(p["round"], p["loader"]) for p in passes] == \
+        [(1, "fst.load"), (1, "safetensors"), (2, "safetensors"), (2, "fst.load")], passes
+    for p in passes:
+        assert p["scrub_seconds"] > 0, p
+        # each rounded in the JSON (seconds to 4 places, GB/s to 3)
+        assert p["scrub_gbps"] == pytest.approx((8 << 20) / p["scrub_seconds"] / 1e9,
+                                                rel=0.03, abs=0.002), p
+        line = next(x for x in r.stdout.splitlines()
+                    if x.startswith(f"round {p['round']} cold {p['loader']}: "))
+        assert f"scrub {p['scrub_gbps']:.2f} GB/s" in line, line
+    summary = next(x for x in r.stdout.splitlines() if x.startswith("cold, the scrub's"))
+    assert f"round 2 safetensors {passes[2]['scrub_gbps']:.2f}, " \
+        f"fst.load {passes[3]['scrub_gbps']:.2f}" in summary, summary
+
+
+def test_no_scrub_no_scrub_rate(ckpt, tmp_path):
+    out = tmp_path / "cold.json"
+    r = run_peers(ckpt[0], "--device", "cpu", "--rounds", "1", "--no-warm",
+                  "--only", "fst.load", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert all("scrub_gbps" not in p for p in json.loads(out.read_text())["passes"])
+    assert ", scrub " not in r.stdout and "cold, the scrub's" not in r.stdout, r.stdout
+
+
 def test_read_ahead_pattern_into_fresh_memory(ckpt):
     """read:willneed-fresh: every request lands in its own place of one new
     mapping, so the mapping holds the files end to end; the reused-buffer
