@@ -26,6 +26,7 @@ PyObject *fstpy_save(PyObject *mod, PyObject *args)
 	int rc = fst_writer_new(&wo, &w, &err);
 	PyObject *seq = NULL, *result = NULL;
 	Py_buffer *views = NULL;
+	uint64_t *dims = NULL;
 	Py_ssize_t n = 0, nviews = 0;
 	if (rc)
 		goto fail;
@@ -50,9 +51,16 @@ PyObject *fstpy_save(PyObject *mod, PyObject *args)
 		Py_ssize_t nd = PySequence_Length(shape);
 		if (nd < 0)
 			goto out;
-		uint64_t dims[64];
-		if (nd > 64) {
-			PyErr_SetString(PyExc_ValueError, "more than 64 dimensions");
+		/* as many dimensions as the format has (the reference writes any
+		 * number); the library copies them */
+		if ((size_t)nd > UINT32_MAX) {
+			PyErr_SetString(PyExc_ValueError, "more than 2^32 - 1 dimensions");
+			goto out;
+		}
+		free(dims);
+		dims = malloc((size_t)(nd ? nd : 1) * sizeof *dims);
+		if (!dims) {
+			PyErr_NoMemory();
 			goto out;
 		}
 		for (Py_ssize_t k = 0; k < nd; k++) {
@@ -143,6 +151,7 @@ out:
 	for (Py_ssize_t i = 0; i < nviews; i++)
 		PyBuffer_Release(&views[i]);
 	free(views);
+	free(dims);
 	Py_XDECREF(seq);
 	Py_XDECREF(pathobj);
 	fst_writer_free(w);

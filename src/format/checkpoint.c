@@ -508,9 +508,11 @@ static int shard_names(const char *index_path, json_t *map, char ***out, size_t 
 	json_object_foreach(map, key, value) {
 		const char *name = json_is_string(value) ? json_string_value(value) : NULL;
 		/* as written: refused below ("/etc/x" would read "etc/x"), or a
-		 * folder (".", "sub/") said to be one there */
+		 * folder (".", "sub/", "x/.") said to be one there: "x/." is a
+		 * folder's name, never the file x */
 		size_t len = name ? strlen(name) : 0;
-		if (!name || !shard_name_ok(name) || name[len - 1] == '/')
+		if (!name || !shard_name_ok(name) || name[len - 1] == '/' ||
+		    (name[len - 1] == '.' && (len == 1 || name[len - 2] == '/')))
 			continue;
 		char *plain = plain_shard_name(name);
 		if (!plain || (*plain && strcmp(plain, name) &&

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,13 +121,18 @@ static int add(fst_writer *w, const char *name, fst_dtype dtype, uint32_t ndim,
 	if (fst_dtype_bits(dtype) == 0)
 		return fsti_err(err, FST_EUSAGE, "writer: tensor \"%s\": unknown dtype %d", name,
 				(int)dtype);
+	/* the reader's rule (format.c's check_size): the count, multiplied out
+	 * in order, and then its bits fit in 64 bits; so a file written here
+	 * reads back, and an empty tensor of huge other dimensions is written */
 	uint64_t numel = 1;
 	for (uint32_t i = 0; i < ndim; i++) {
-		if (shape[i] > INT64_MAX || (shape[i] && numel > UINT64_MAX / 64 / shape[i]))
+		if (shape[i] > INT64_MAX || (shape[i] && numel > UINT64_MAX / shape[i]))
 			return fsti_err(err, FST_EUSAGE, "writer: tensor \"%s\": shape too large",
 					name);
 		numel *= shape[i];
 	}
+	if (numel > UINT64_MAX / fst_dtype_bits(dtype))
+		return fsti_err(err, FST_EUSAGE, "writer: tensor \"%s\": shape too large", name);
 	uint64_t bits = numel * fst_dtype_bits(dtype);
 	char sh[128];
 	fsti_format_shape(sh, sizeof sh, ndim, shape);
@@ -441,15 +447,22 @@ int fst_writer_finish_memory(fst_writer *w, void *dst, uint64_t size, fst_error 
 }
 
 /* A file of our own beside path, PATH.tmp.XXXXXXXX: never one another
- * writer (a rank saving the same file) or a link put there is using. */
+ * writer (a rank saving the same file) or a link put there is using. Where
+ * the file's own name is within NAME_MAX but that one would not be, the
+ * name's start is kept, cut short so the temporary name fits (a save the
+ * file system allows must not fail on our name). */
 static int create_temp(const char *path, char *tmp, size_t size, int *fd)
 {
 	static atomic_uint counter;
+	const char *slash = strrchr(path, '/');
+	size_t base = strlen(slash ? slash + 1 : path), keep = strlen(path);
+	if (base + sizeof ".tmp.01234567" - 1 > NAME_MAX && base <= NAME_MAX)
+		keep -= base + sizeof ".tmp.01234567" - 1 - NAME_MAX;
 	for (int attempt = 0; attempt < 100; attempt++) {
 		uint32_t r;
 		if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r)
 			r = (uint32_t)getpid() * 2654435761u + atomic_fetch_add(&counter, 1);
-		snprintf(tmp, size, "%s.tmp.%08" PRIx32, path, r);
+		snprintf(tmp, size, "%.*s.tmp.%08" PRIx32, (int)keep, path, r);
 		*fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 		if (*fd >= 0)
 			return 0;

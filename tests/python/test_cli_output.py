@@ -165,6 +165,16 @@ def test_failed_manifest_leaves_the_old_one(small, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
 
 
+def test_manifest_of_the_longest_file_name(small, tmp_path):
+    """A manifest name of NAME_MAX bytes: the temporary beside it (11 bytes
+    longer once) is cut to fit, and none is left."""
+    man = tmp_path / ("m" * 250 + ".json")
+    r = fst("verify", small, "--manifest", man)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(man.read_text())["format"] == "fst-manifest-1"
+    assert [p.name for p in tmp_path.iterdir()] == [man.name]
+
+
 def test_manifest_through_a_symlink(small, tmp_path):
     real = tmp_path / "real.json"
     real.write_text("{}")

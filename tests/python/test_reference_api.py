@@ -6,6 +6,7 @@ fst's read paths, get_tensors, F4 and F8_E8M0. The numpy half runs
 wherever numpy and safetensors are; the torch half skips without torch.
 What the reference's own test suite found missing is tested here (see
 scripts/peer-tests-safetensors.sh)."""
+import ctypes
 import importlib
 import json
 import struct
@@ -707,3 +708,29 @@ def test_gpu_loads_follow_the_reference(torch, st, st_pt, ref_pt, tmp_path):
                 for idx in (I[1:3], I[:, 1], I[..., -1], I[:20], I[-1:], I[5], I[::2]):
                     same_outcome(lambda: s[idx], lambda: rs[idx], (device, backend, idx),
                                  st.SafetensorError)
+
+
+@pytest.mark.parametrize("shape", [[1] * 65, [1] * 200, [1 << 59, 0], [1 << 58, 1, 0]],
+                         ids=["65-dims", "200-dims", "2^59x0", "2^58x1x0"])
+def test_shapes_the_reference_writes(st, shape):
+    """Any number of dimensions, and an empty tensor of huge other dimensions:
+    written with the reference's bytes, and read back."""
+    n = 0 if 0 in shape else 1
+    buf = (ctypes.c_uint8 * 1)(7)
+
+    def spec(mod):
+        return {"a": mod.TensorSpec(dtype="uint8", shape=shape,
+                                    data_ptr=ctypes.addressof(buf) if n else 0, data_len=n)}
+    want = ref.serialize(spec(ref))
+    assert st.serialize(spec(st)) == want
+    assert [(k, v["shape"]) for k, v in st.deserialize(want)] == [("a", shape)]
+
+
+def test_save_to_the_longest_file_name(st_np, tmp_path):
+    """A name of NAME_MAX bytes is saved, as the reference saves it (the
+    temporary file beside it once took 13 more bytes and failed)."""
+    name = "m" * (255 - len(".safetensors")) + ".safetensors"
+    t = {"a": np.arange(5, dtype=np.int16)}
+    st_np.save_file(t, str(tmp_path / name))
+    assert (tmp_path / name).read_bytes() == ref_np.save(t)
+    assert [p.name for p in tmp_path.iterdir()] == [name]

@@ -597,6 +597,20 @@ static void test_shard_is_directory(void **state)
 	}
 }
 
+/* "x/." names a folder x, so never the file x: its spelling is not made
+ * plain ("x/." is not "x"), and the file beneath is not a folder. */
+static void test_shard_dot_after_a_file(void **state)
+{
+	(void)state;
+	const char *dir = make_dir("shard-dot");
+	write_shard(join(dir, "s1.safetensors"), (const char *const[]){"a", NULL});
+	write_shard(join(dir, "s2.safetensors"), (const char *const[]){"b", NULL});
+	write_text(join(dir, "model.safetensors.index.json"),
+		   "{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s2.safetensors/.\"}}");
+	const char *msg = expect_error(dir, FST_EFORMAT);
+	assert_has(msg, "shard \"s2.safetensors/.\"");
+}
+
 static void test_malformed_index(void **state)
 {
 	(void)state;
@@ -712,6 +726,7 @@ int main(void)
 		cmocka_unit_test(test_missing_path),
 		cmocka_unit_test(test_shard_outside_directory),
 		cmocka_unit_test(test_shard_is_directory),
+		cmocka_unit_test(test_shard_dot_after_a_file),
 		cmocka_unit_test(test_malformed_index),
 		cmocka_unit_test(test_index_cannot_open),
 		cmocka_unit_test(test_bad_shard_file),

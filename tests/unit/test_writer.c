@@ -13,6 +13,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -810,6 +811,85 @@ static void test_total_past_int64(void **state)
 	fst_writer_free(w);
 }
 
+/* A file name the file system takes (up to NAME_MAX bytes) is saved, though
+ * NAME.tmp.XXXXXXXX would be longer: the temporary's name is cut to fit, and
+ * none is left. One over NAME_MAX is the file system's refusal. */
+static void test_longest_file_name(void **state)
+{
+	(void)state;
+	uint8_t b[3] = {7, 8, 9};
+	uint64_t shape[1] = {3};
+	for (size_t len = NAME_MAX - 14; len <= NAME_MAX + 1; len++) {
+		char name[NAME_MAX + 2];
+		memset(name, 'n', len);
+		memcpy(name + len - 12, ".safetensors", 13);
+		char *path = test_path(name);
+		fst_writer *w;
+		fst_error err;
+		assert_int_equal(fst_writer_new(NULL, &w, &err), 0);
+		assert_int_equal(fst_writer_add(w, "x", FST_DTYPE_U8, 1, shape, b, 3, &err), 0);
+		int rc = fst_writer_finish(w, path, &err);
+		fst_writer_free(w);
+		if (len > NAME_MAX) {
+			assert_int_equal(rc, FST_EIO);
+			assert_int_equal(err.sys_errno, ENAMETOOLONG);
+			continue;
+		}
+		if (rc)
+			fail_msg("a name of %zu bytes: %s", len, err.message);
+		size_t got;
+		unsigned char *bytes = slurp(path, &got);
+		assert_memory_equal(bytes + got - 3, b, 3);
+		free(bytes);
+		char dir[800];
+		snprintf(dir, sizeof dir, "%s", path);
+		*strrchr(dir, '/') = '\0';
+		DIR *d = opendir(dir);
+		assert_non_null(d);
+		for (struct dirent *e; (e = readdir(d));)
+			if (strstr(e->d_name, ".tmp."))
+				fail_msg("left behind: %s", e->d_name);
+		closedir(d);
+		unlink(path);
+	}
+}
+
+/* An empty tensor whose other dimensions multiply past 2^64 / 64 is written,
+ * as the reference writes it, and reads back; one whose count overflows
+ * before its 0 is refused, as the reader refuses it. */
+static void test_empty_tensor_of_huge_dimensions(void **state)
+{
+	(void)state;
+	fst_writer *w;
+	fst_error err;
+	assert_int_equal(fst_writer_new(NULL, &w, &err), 0);
+	uint64_t a[2] = {1ull << 59, 0}, c[3] = {1ull << 58, 1, 0};
+	uint64_t over[3] = {1ull << 32, 1ull << 32, 0}, bits[1] = {1ull << 61};
+	assert_int_equal(fst_writer_add(w, "a", FST_DTYPE_U8, 2, a, NULL, 0, &err), 0);
+	assert_int_equal(fst_writer_add(w, "c", FST_DTYPE_F64, 3, c, NULL, 0, &err), 0);
+	assert_int_equal(fst_writer_add(w, "o", FST_DTYPE_U8, 3, over, NULL, 0, &err),
+			 FST_EUSAGE);
+	assert_has(err.message, "tensor \"o\": shape too large");
+	/* 2^61 elements of 64 bits: 2^67 bits */
+	assert_int_equal(fst_writer_add_fill(w, "b", FST_DTYPE_F64, 1, bits, fill_nothing, NULL,
+					     &err),
+			 FST_EUSAGE);
+	assert_has(err.message, "tensor \"b\": shape too large");
+	char *path = test_path("empty-huge.safetensors");
+	assert_int_equal(fst_writer_finish(w, path, &err), 0);
+	fst_writer_free(w);
+	fst_file *f;
+	assert_int_equal(fst_file_open(path, &f, &err), 0);
+	assert_int_equal(fst_file_tensor_count(f), 2);
+	fst_tensor_info ti;
+	long at = fst_file_find(f, "c");
+	assert_true(at >= 0);
+	assert_int_equal(fst_file_tensor(f, (size_t)at, &ti), 0);
+	assert_int_equal(ti.ndim, 3);
+	assert_true(ti.shape[0] == 1ull << 58 && ti.shape[2] == 0 && ti.nbytes == 0);
+	fst_file_close(f);
+}
+
 /* ---- several writers finishing one path at once, as every rank of a job
  * saving the same file does */
 
@@ -884,6 +964,8 @@ int main(void)
 		cmocka_unit_test(test_failed_finish_leaves_nothing),
 		cmocka_unit_test(test_duplicate_after_finish),
 		cmocka_unit_test(test_total_past_int64),
+		cmocka_unit_test(test_longest_file_name),
+		cmocka_unit_test(test_empty_tensor_of_huge_dimensions),
 		cmocka_unit_test(test_concurrent_finish),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -549,7 +550,13 @@ int cli_write_json_file(const char *path, const json_t *doc, size_t flags)
 		free(target);
 		return ENOMEM;
 	}
-	snprintf(tmp, len, "%s.tmp.XXXXXX", target);
+	/* a name the file system takes must not fail on ours: where
+	 * NAME.tmp.XXXXXX would pass NAME_MAX, NAME's start, cut to fit */
+	const char *slash = strrchr(target, '/');
+	size_t base = strlen(slash ? slash + 1 : target), keep = strlen(target);
+	if (base + sizeof ".tmp.XXXXXX" - 1 > NAME_MAX && base <= NAME_MAX)
+		keep -= base + sizeof ".tmp.XXXXXX" - 1 - NAME_MAX;
+	snprintf(tmp, len, "%.*s.tmp.XXXXXX", (int)keep, target);
 	int fd = mkstemp(tmp);
 	if (fd < 0) {
 		int e = errno;
