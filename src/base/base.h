@@ -46,6 +46,17 @@ double fsti_now(void);
 
 void fsti_log(int level, const char *fmt, ...) FSTI_PRINTF(2, 3);
 bool fsti_log_enabled(int level);
+/* secret (len bytes) where it stands right after the character lead, and
+ * where trail is not 0 right before trail, written "***" in text (size
+ * bytes, NUL-ended; cut short to fit). A short secret could be a piece of
+ * another word: its neighbours say it is the secret. */
+void fsti_text_hide(char *text, size_t size, char lead, const char *secret, size_t len,
+		    char trail);
+/* Hides secret so from every later log line of the process (as
+ * fsti_text_hide does), whatever builds the line: a message naming a URL
+ * with a password is logged as it is made, before anything hides it. False
+ * when out of memory (the secret is then not kept). */
+bool fsti_log_hide(char lead, const char *secret, size_t len, char trail);
 /* bytes for a message: "N MiB" when a whole number of MiB, else "N KiB". */
 void fsti_size_text(char *buf, size_t size, uint64_t bytes);
 

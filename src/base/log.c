@@ -49,6 +49,74 @@ bool fsti_log_enabled(int level)
 	return level <= fst_log_get_level();
 }
 
+void fsti_text_hide(char *text, size_t size, char lead, const char *secret, size_t len,
+		    char trail)
+{
+	if (!len || !size)
+		return;
+	for (char *p = text; *p;) {
+		if (p == text || p[-1] != lead || strncmp(p, secret, len) ||
+		    (trail && p[len] != trail)) {
+			p++;
+			continue;
+		}
+		/* "***" in its place, the rest after it, within size */
+		size_t room = size - 1 - (size_t)(p - text);
+		size_t rest = strlen(p + len);
+		size_t star = room < 3 ? room : 3;
+		size_t keep = rest < room - star ? rest : room - star;
+		memmove(p + star, p + len, keep);
+		memcpy(p, "***", star);
+		p[star + keep] = '\0';
+		p += star;
+	}
+}
+
+/* The secrets of fsti_log_hide, for the process's life: a line can name a
+ * URL long after it was opened. As many as the distinct URLs with secrets
+ * the process was given. */
+struct secret {
+	char lead, trail;
+	size_t len;
+	char *text;
+};
+static struct secret *secrets;
+static size_t nsecrets, secrets_cap;
+static pthread_mutex_t secrets_lock = PTHREAD_MUTEX_INITIALIZER;
+
+bool fsti_log_hide(char lead, const char *secret, size_t len, char trail)
+{
+	if (!len)
+		return true;
+	bool ok = true;
+	pthread_mutex_lock(&secrets_lock);
+	for (size_t i = 0; i < nsecrets; i++)
+		if (secrets[i].lead == lead && secrets[i].trail == trail &&
+		    secrets[i].len == len && !memcmp(secrets[i].text, secret, len))
+			goto out;
+	if (nsecrets == secrets_cap) {
+		size_t cap = secrets_cap ? 2 * secrets_cap : 8;
+		struct secret *grown = realloc(secrets, cap * sizeof *grown);
+		if (!grown) {
+			ok = false;
+			goto out;
+		}
+		secrets = grown;
+		secrets_cap = cap;
+	}
+	char *text = malloc(len + 1);
+	if (!text) {
+		ok = false;
+		goto out;
+	}
+	memcpy(text, secret, len);
+	text[len] = '\0';
+	secrets[nsecrets++] = (struct secret){lead, trail, len, text};
+out:
+	pthread_mutex_unlock(&secrets_lock);
+	return ok;
+}
+
 void fsti_log(int level, const char *fmt, ...)
 {
 	static const char *names[] = {"error", "warning", "info", "debug"};
@@ -59,6 +127,11 @@ void fsti_log(int level, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof line, fmt, ap);
 	va_end(ap);
+	pthread_mutex_lock(&secrets_lock);
+	for (size_t i = 0; i < nsecrets; i++)
+		fsti_text_hide(line, sizeof line, secrets[i].lead, secrets[i].text, secrets[i].len,
+			       secrets[i].trail);
+	pthread_mutex_unlock(&secrets_lock);
 	if (log_fn) {
 		log_fn(log_ctx, level, line);
 		return;

@@ -331,13 +331,20 @@ static int set_options(struct fsti_conn *c, const struct fsti_remote *r, bool si
 #undef SET
 	if (rc)
 		return rc;
-	/* http and https only, redirects included; a libcurl older than 7.85
-	 * lacks the option (CURLE_UNKNOWN_OPTION), which is fine */
-	cu->curl_easy_setopt(h, FSTI_CURLOPT_PROTOCOLS_STR, "http,https");
-	/* and never from https down to http, where anyone between could
-	 * change the bytes */
-	cu->curl_easy_setopt(h, FSTI_CURLOPT_REDIR_PROTOCOLS_STR,
-			     strncasecmp(q->url, "https:", 6) ? "http,https" : "https");
+	/* http and https only, redirects included, and never from https down
+	 * to http, where anyone between could change the bytes */
+	bool https = !strncasecmp(q->url, "https:", 6);
+	if (cu->curl_easy_setopt(h, FSTI_CURLOPT_PROTOCOLS_STR, "http,https") ||
+	    cu->curl_easy_setopt(h, FSTI_CURLOPT_REDIR_PROTOCOLS_STR,
+				 https ? "https" : "http,https")) {
+		/* a libcurl older than 7.85 (Ubuntu 22.04's 7.81) has the bit
+		 * masks only; without them too, no redirect is followed */
+		long any = FSTI_CURLPROTO_HTTP | FSTI_CURLPROTO_HTTPS;
+		if (cu->curl_easy_setopt(h, FSTI_CURLOPT_PROTOCOLS, any) ||
+		    cu->curl_easy_setopt(h, FSTI_CURLOPT_REDIR_PROTOCOLS,
+					 https ? (long)FSTI_CURLPROTO_HTTPS : any))
+			return cu->curl_easy_setopt(h, FSTI_CURLOPT_FOLLOWLOCATION, 0L);
+	}
 	return 0;
 }
 
@@ -635,6 +642,17 @@ static enum verdict judge(struct fsti_conn *c, const struct target *t, struct fs
 	if (code == FSTI_CURLE_TOO_MANY_REDIRECTS) {
 		*rc = fsti_err(err, FST_EIO, "%s: more than %ld redirects (a redirect loop?)", at,
 			       MAX_REDIRS);
+		return FAIL;
+	}
+	if (code == FSTI_CURLE_URL_MALFORMAT) {
+		/* the caller's URL, never the server: a usage error (a
+		 * password's '/', '?' or '#' must be percent-encoded) */
+		*rc = fsti_err_backend(err, FST_EUSAGE, code,
+				       "%s: not a URL libcurl can request: %s (libcurl error %d; "
+				       "a '/', '?', '#' or '@' in a user name or password is "
+				       "written %%2F, %%3F, %%23, %%40)",
+				       at, c->error[0] ? c->error : c->cu->curl_easy_strerror(code),
+				       code);
 		return FAIL;
 	}
 	if (code && code != FSTI_CURLE_WRITE_ERROR) {

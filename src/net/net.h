@@ -36,7 +36,10 @@ size_t fsti_url_path_len(const char *url);
  * s3://BUCKET. */
 bool fsti_url_is_folder(const char *url);
 /* url as messages and logs show it: the password of its user info and its
- * query (a presigned URL's signature) as "***"; NULL when out of memory. */
+ * query (a presigned URL's signature) as "***"; NULL when out of memory.
+ * Those secrets are hidden from every later log line too (fsti_log_hide):
+ * every URL the library is given comes through here before a message can
+ * name it. */
 char *fsti_url_display(const char *url);
 /* The same secrets of url hidden where they stand as in a URL (":PASSWORD@",
  * "?QUERY") in text (size bytes, NUL-ended): for messages that named url,

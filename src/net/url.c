@@ -113,6 +113,24 @@ char *fsti_url_beside(const char *url, const char *name)
 	return out;
 }
 
+/* Whether the authority host[0, n) has no port, or a port of digits (an
+ * IPv6 address's ':'s are inside its brackets). */
+static bool port_ok(const char *host, size_t n)
+{
+	const char *from = host;
+	if (*host == '[') {
+		const char *close = memchr(host, ']', n);
+		from = close ? close : host;
+	}
+	const char *colon = memchr(from, ':', n - (size_t)(from - host));
+	if (!colon)
+		return true;
+	for (const char *p = colon + 1; p < host + n; p++)
+		if (*p < '0' || *p > '9')
+			return false;
+	return true;
+}
+
 /*
  * The parts of an http(s) URL that are secrets: the password of its user
  * info, or the user info whole where it has no ':' (a token given as the
@@ -134,6 +152,13 @@ static void secrets(const char *url, size_t at[2], size_t len[2], char lead[2])
 	for (const char *p = host; p < host + authority; p++)
 		if (*p == '@')
 			userinfo_end = p;
+	if (!userinfo_end && !port_ok(host, authority))
+		/* a password with a '/', '?' or '#' not percent-encoded ends the
+		 * authority early ("user:pa/ss@host" reads as host "user", port
+		 * "pa"): no URL parser takes it, and its user info runs to the
+		 * URL's last '@' (more hidden, never less, of a URL that cannot
+		 * be requested) */
+		userinfo_end = strrchr(host, '@');
 	const char *colon = userinfo_end ? memchr(host, ':', (size_t)(userinfo_end - host)) : NULL;
 	if (colon) {
 		at[0] = (size_t)(colon + 1 - url);
@@ -143,7 +168,9 @@ static void secrets(const char *url, size_t at[2], size_t len[2], char lead[2])
 		len[0] = (size_t)(userinfo_end - host);
 		lead[0] = '/';
 	}
-	size_t path = fsti_url_path_len(url);
+	/* the query after the user info, where a '?' was in the password */
+	size_t path = userinfo_end ? (size_t)(userinfo_end - url) : 0;
+	path += strcspn(url + path, "?#");
 	if (url[path] == '?') {
 		at[1] = path + 1;
 		len[1] = strcspn(url + path + 1, "#");
@@ -173,6 +200,14 @@ size_t fst_display_path(const char *path, char *out, size_t size)
 
 char *fsti_url_display(const char *url)
 {
+	/* every URL the library is given is shown through here first: from
+	 * now on no log line shows its secrets either */
+	size_t at[2], len[2];
+	char lead[2];
+	secrets(url, at, len, lead);
+	for (int i = 0; i < 2; i++)
+		if (!fsti_log_hide(lead[i], url + at[i], len[i], i ? '\0' : '@'))
+			return NULL;
 	size_t n = fst_display_path(url, NULL, 0) + 1;
 	char *out = fsti_malloc(n);
 	if (out)
@@ -185,28 +220,7 @@ void fsti_url_hide(char *text, size_t size, const char *url)
 	size_t at[2], len[2];
 	char lead[2];
 	secrets(url, at, len, lead);
-	for (int i = 0; i < 2; i++) {
-		if (!len[i])
-			continue;
-		const char *secret = url + at[i];
-		char *p = text;
-		while (*p) {
-			/* where the URL has it: ":PASSWORD@", "//USER@",
-			 * "?QUERY" (a short one would match inside other words) */
-			if (p == text || p[-1] != lead[i] || strncmp(p, secret, len[i]) ||
-			    (!i && p[len[i]] != '@')) {
-				p++;
-				continue;
-			}
-			/* "***" in its place, the rest after it, within size */
-			size_t room = size - 1 - (size_t)(p - text);
-			size_t rest = strlen(p + len[i]);
-			size_t star = FSTI_MIN((size_t)3, room);
-			size_t keep = FSTI_MIN(rest, room - star);
-			memmove(p + star, p + len[i], keep);
-			memcpy(p, "***", star);
-			p[star + keep] = '\0';
-			p += star;
-		}
-	}
+	/* where the URL has them: ":PASSWORD@", "//USER@", "?QUERY" */
+	for (int i = 0; i < 2; i++)
+		fsti_text_hide(text, size, lead[i], url + at[i], len[i], i ? '\0' : '@');
 }

@@ -320,6 +320,33 @@ def test_https_never_redirects_to_http(tls_fault, fst_env):
     assert "libcurl error 1)" in r.stderr, r.stderr  # CURLE_UNSUPPORTED_PROTOCOL
 
 
+@pytest.mark.parametrize("masks", [True, False], ids=["bit-masks", "no-protocol-options"])
+def test_https_never_redirects_to_http_on_an_older_libcurl(tls_fault, fst_env, masks):
+    """A libcurl older than 7.85 has no CURLOPT_*PROTOCOLS_STR: fst sets the
+    bit-mask forms instead, so a redirect from https to http still fails;
+    with neither, no redirect is followed at all (its libcurl default
+    would follow https down to http)."""
+    double = os.environ.get("FST_OLD_CURL_DOUBLE")
+    if not double:
+        pytest.skip("FST_OLD_CURL_DOUBLE unset (ctest sets it)")
+    base, cert, _ = tls_fault
+    env = fst_env(CURL_CA_BUNDLE=str(cert), FST_CURL_LIBRARY=double,
+                  OLD_CURL_DOUBLE_NO_MASKS="0" if masks else "1")
+    r = run_fst("verify", f"{base}/ok/one/model.safetensors", env=env)
+    assert r.returncode == 0, r.stderr
+    r = run_fst("verify", f"{base}/redirect/one/model.safetensors", env=env)
+    if masks:
+        assert r.returncode == 0, r.stderr
+    else:
+        assert r.returncode == 4 and "HTTP 30" in r.stderr, r.stderr
+    r = run_fst("load", f"{base}/downgrade/one/model.safetensors", env=env)
+    assert r.returncode == 4 and f"{base}/downgrade/one/" in r.stderr, r.stderr
+    if masks:
+        assert "libcurl error 1)" in r.stderr, r.stderr  # CURLE_UNSUPPORTED_PROTOCOL
+    else:
+        assert "HTTP 30" in r.stderr, r.stderr
+
+
 def test_tls_handshakes_reset_are_retried(tls_fault, fst_env):
     """A connection reset during the TLS handshake (S3 under load) is
     retried like any dropped connection."""
@@ -372,6 +399,47 @@ def test_url_secrets_are_not_shown(fault, root, fst_env):
         fst.load(bad, framework="numpy")
     assert "hunter2" not in repr(e.value) and "s3cr3t" not in repr(e.value), repr(e.value)
     assert "hunter2" not in str(e.value) and "s3cr3t" not in str(e.value)
+
+
+def test_secrets_stay_out_of_debug_logs_and_bench(fault, root, fst_env):
+    """Errors logged at debug as they are made, before the message is
+    hidden (an http folder, an index that is not JSON), and fst bench's
+    report, text and JSON: no password or query shows. A password with a
+    '/', '#' or '?' not percent-encoded is a usage error that hides it."""
+    base, _ = fault
+    host = base.partition("://")[2]
+    bad = root / "notjson"
+    bad.mkdir(exist_ok=True)
+    (bad / "model.safetensors.index.json").write_text("{not json")
+    (bad / "model.safetensors.index.json").chmod(0o644)
+    bad.chmod(0o755)
+    env = fst_env(FST_LOG="debug")
+    auth = f"http://alice:hunter2@{host}"
+    runs = []
+    r = run_fst("inspect", f"{auth}/ok/one/?X-Amz-Signature=s3cr3t", env=env)
+    assert r.returncode == 1 and "only S3 folders" in r.stderr, r.stderr
+    assert "fst: debug: " in r.stderr, r.stderr  # the error was logged
+    runs.append(r)
+    r = run_fst("inspect", f"{auth}/ok/notjson/model.safetensors.index.json?sig=s3cr3t", env=env)
+    assert r.returncode == 2 and "not valid JSON" in r.stderr, r.stderr
+    runs.append(r)
+    one = f"{auth}/ok/one/model.safetensors?sig=s3cr3t"
+    r = run_fst("bench", one, "--runs", "1", env=env)
+    assert r.returncode == 0 and f"bench http://alice:***@{host}/ok/one/" in r.stdout, r.stdout
+    runs.append(r)
+    r = run_fst("bench", one, "--runs", "1", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["path"] == \
+        f"http://alice:***@{host}/ok/one/model.safetensors?***", r.stdout
+    runs.append(r)
+    for pw in ("hun/ter2", "hun#ter2", "hun?ter2"):
+        r = run_fst("load", f"http://alice:{pw}@{host}/ok/one/model.safetensors", env=env)
+        assert r.returncode == 1 and "not a URL libcurl can request" in r.stderr, r.stderr
+        assert f"http://alice:***@{host}/ok/one/model.safetensors" in r.stderr, r.stderr
+        assert "ter2" not in r.stderr and "ter2" not in r.stdout, r.stderr
+    for r in runs:
+        for out in (r.stdout, r.stderr):
+            assert "hunter2" not in out and "s3cr3t" not in out, out
 
 
 def test_endpoint_and_token_secrets_are_not_shown(fault, fst_env):

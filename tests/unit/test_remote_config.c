@@ -123,6 +123,19 @@ static void test_encode_and_beside(void **state)
 	}
 }
 
+struct log_capture {
+	int n;
+	char lines[4][256];
+};
+
+static void capture_log(void *ctx, int level, const char *line)
+{
+	(void)level;
+	struct log_capture *cap = ctx;
+	if (cap->n < 4)
+		snprintf(cap->lines[cap->n++], sizeof cap->lines[0], "%s", line);
+}
+
 /* The secrets of an http(s) URL (its password, its query) hidden from what
  * fst shows; S3 URLs and paths shown whole. */
 static void test_url_display_and_hide(void **state)
@@ -140,6 +153,14 @@ static void test_url_display_and_hide(void **state)
 		{"http://h/a@b:c/x", "http://h/a@b:c/x"}, /* '@' in the path: no user info */
 		{"s3://b/k?v:w@x", "s3://b/k?v:w@x"},
 		{"/local/path?x", "/local/path?x"},
+		/* a password's '/', '#' or '?' not encoded: no URL libcurl takes,
+		 * its user info up to the last '@' hidden (more, never less) */
+		{"http://u:pa/ss@h/x", "http://u:***@h/x"},
+		{"http://u:pa#ss@h/x?q", "http://u:***@h/x?***"},
+		{"http://u:pa?ss@h/x", "http://u:***@h/x"},
+		{"http://u:a/b@c/d@h/x", "http://u:***@h/x"},
+		{"http://h:8080/a@b/x", "http://h:8080/a@b/x"}, /* a port: '@' in the path */
+		{"http://[::1]:80/a@b", "http://[::1]:80/a@b"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		char *d = fsti_url_display(cases[i][0]);
@@ -177,6 +198,31 @@ static void test_url_display_and_hide(void **state)
 	char tight[8] = "ab:p@cd";
 	fsti_url_hide(tight, sizeof tight, "http://x:p@c");
 	assert_string_equal(tight, "ab:***@");
+}
+
+/* A URL shown once (every URL given to the library is) keeps its secrets
+ * out of every later log line, whatever builds the line. */
+static void test_url_secrets_hidden_from_logs(void **state)
+{
+	(void)state;
+	struct log_capture cap = {0};
+	fst_log_set_callback(capture_log, &cap);
+	int level = fst_log_get_level();
+	fst_log_set_level(FST_LOG_DEBUG);
+	fsti_log(FST_LOG_DEBUG, "before: http://u:Pw0rd9@h/x?S1gn");
+	char *d = fsti_url_display("http://u:Pw0rd9@h/x?S1gn");
+	fsti_free(d);
+	fsti_log(FST_LOG_DEBUG, "after: http://u:Pw0rd9@h/y?S1gn and Pw0rd9 alone");
+	fst_error err;
+	fsti_err(&err, FST_EIO, "built: http://u:Pw0rd9@h/z");
+	fst_log_set_level(level);
+	fst_log_set_callback(NULL, NULL);
+	assert_int_equal(cap.n, 3);
+	assert_string_equal(cap.lines[0], "before: http://u:Pw0rd9@h/x?S1gn");
+	assert_string_equal(cap.lines[1], "after: http://u:***@h/y?*** and Pw0rd9 alone");
+	assert_non_null(strstr(cap.lines[2], "built: http://u:***@h/z"));
+	/* the message itself is the caller's to hide (fsti_url_hide) */
+	assert_string_equal(err.message, "built: http://u:Pw0rd9@h/z");
 }
 
 static void test_ini(void **state)
@@ -660,6 +706,7 @@ int main(void)
 		cmocka_unit_test(test_s3_split),
 		cmocka_unit_test(test_encode_and_beside),
 		cmocka_unit_test(test_url_display_and_hide),
+		cmocka_unit_test(test_url_secrets_hidden_from_logs),
 		cmocka_unit_test(test_ini),
 		cmocka_unit_test(test_ini_long_line),
 		cmocka_unit_test(test_ini_forms),

@@ -441,6 +441,7 @@ struct row {
 /* One bench: what was asked, and what was measured. */
 struct bench {
 	const char *path, *device, *manifest;
+	char *shown; /* path as reports show it: a URL's secrets hidden */
 	fst_load_opts lo;
 	uint64_t runs;
 	bool cold, reference, as_json;
@@ -539,6 +540,12 @@ static int parse_args(int argc, char **argv, struct bench *b, bool *done)
 		return EXIT_USAGE;
 	}
 	b->path = argv[optind];
+	size_t n = fst_display_path(b->path, NULL, 0) + 1;
+	if (!(b->shown = malloc(n))) {
+		cli_error("bench", "out of memory");
+		return EXIT_NOMEM;
+	}
+	fst_display_path(b->path, b->shown, n);
 	b->device = b->lo.device ? b->lo.device : "cpu";
 	*done = false;
 	return EXIT_OK;
@@ -762,7 +769,7 @@ static void print_header(const struct bench *b)
 {
 	char hb[32];
 	printf("bench %s on %s: %zu files, %s; %u threads; best of %" PRIu64 " warm runs\n",
-	       b->path, b->device, b->nfiles, cli_human_bytes(hb, sizeof hb, b->fs.total),
+	       b->shown, b->device, b->nfiles, cli_human_bytes(hb, sizeof hb, b->fs.total),
 	       b->threads, b->runs);
 	if (b->remote) {
 		printf("remote files: no page cache, no cold runs\n");
@@ -843,7 +850,7 @@ static bool put_ratios(const struct bench *b, json_t *ratios, bool ok)
 static int report(const struct bench *b)
 {
 	json_t *out = json_object();
-	bool ok = cli_json_put_path(out, "path", b->path) &&
+	bool ok = cli_json_put_path(out, "path", b->shown) &&
 		  cli_json_put(out, "device", cli_json_text(b->device)) &&
 		  cli_json_put(out, "file_bytes", json_integer((json_int_t)b->fs.total)) &&
 		  cli_json_put(out, "tensor_bytes", json_integer((json_int_t)b->tensor_bytes)) &&
@@ -897,5 +904,6 @@ int cmd_bench(int argc, char **argv)
 		rc = report(&b);
 	}
 	free_files(&b.fs);
+	free(b.shown);
 	return rc;
 }
