@@ -200,7 +200,11 @@ int fsti_s3_list(struct fsti_conn *c, struct fsti_remote *r, const char *url, ch
 	if (rc)
 		return rc;
 	char *eprefix = fsti_url_encode(prefix, false), *token = NULL;
-	size_t cap = 0;
+	/* every token asked with: a server whose listing comes back to one
+	 * (a bug of its own) would have us fetch and keep its pages again
+	 * and again, up to PAGES_MAX of them */
+	char **seen = NULL;
+	size_t cap = 0, nseen = 0, seen_cap = 0;
 	if (!eprefix)
 		rc = fsti_err(err, FST_ENOMEM, "out of memory");
 	for (int page = 0; !rc; page++) {
@@ -223,7 +227,10 @@ int fsti_s3_list(struct fsti_conn *c, struct fsti_remote *r, const char *url, ch
 		size_t len = 0;
 		rc = req ? fsti_http_get_all(c, r, r->sign, url, req, PAGE_MAX, &body, &len, err)
 			 : fsti_err(err, FST_ENOMEM, "out of memory");
-		fsti_free(token);
+		if (token && push(&seen, &nseen, &seen_cap, token)) {
+			fsti_free(token);
+			rc = rc ? rc : fsti_err(err, FST_ENOMEM, "out of memory");
+		}
 		token = NULL;
 		if (!rc)
 			rc = fsti_s3_parse_page(url, body, len, prefix, names, n, &cap, &token, err);
@@ -231,9 +238,19 @@ int fsti_s3_list(struct fsti_conn *c, struct fsti_remote *r, const char *url, ch
 		fsti_free(req);
 		fsti_free(query);
 		fsti_free(etoken);
-		if (!token)
+		for (size_t i = 0; token && !rc && i < nseen; i++)
+			if (!strcmp(seen[i], token))
+				rc = fsti_err(err, FST_EIO,
+					      "%s: page %d of the listing hands back the continuation "
+					      "token that asked for page %zu: the server's listing goes "
+					      "round in a loop",
+					      url, page + 1, i + 2);
+		if (!token || rc)
 			break;
 	}
+	for (size_t i = 0; i < nseen; i++)
+		fsti_free(seen[i]);
+	fsti_free(seen);
 	fsti_free(token);
 	fsti_free(eprefix);
 	fsti_free(bucket);

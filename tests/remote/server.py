@@ -26,6 +26,8 @@ Modes (counters are per file and mode, reset by GET /reset):
   wholeok     200 with the whole file where the range covers all of it (as a
               server may), else as ok
   loop        a redirect to itself, forever
+  listloop    (a bucket, path style) an S3 listing whose pages hand out the
+              continuation tokens T1, T2, T1, ...: it never ends
   redirect    one redirect to /ok/...
   elsewhere   one redirect to /ok/... on another host name (localhost for
               127.0.0.1): a client must not take a signed request's
@@ -72,6 +74,21 @@ def count(key):
     with LOCK:
         COUNTS[key] = COUNTS.get(key, 0) + 1
         return COUNTS[key]
+
+
+def list_loop_page(path):
+    """A ListObjectsV2 page of listloop: three keys under the prefix asked,
+    truncated, the next token T1 after none or T2, else T2."""
+    from urllib.parse import parse_qs, urlsplit
+    q = parse_qs(urlsplit(path).query)
+    prefix = q.get("prefix", [""])[0]
+    token = q.get("continuation-token", [None])[0]
+    nxt = "T2" if token == "T1" else "T1"
+    keys = "".join(f"<Contents><Key>{prefix}{token or 'T0'}-{i}.bin</Key></Contents>"
+                   for i in range(3))
+    return (f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>listloop</Name>'
+            f"<Prefix>{prefix}</Prefix>{keys}<IsTruncated>true</IsTruncated>"
+            f"<NextContinuationToken>{nxt}</NextContinuationToken></ListBucketResult>").encode()
 
 
 def s3_error(code, message):
@@ -128,6 +145,8 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 COUNTS.clear()
             return self.plain(200, b"ok")
+        if self.path.startswith("/listloop?"):
+            return self.plain(200, list_loop_page(self.path))
         # a query (a presigned URL's) names no file
         parts = self.path.partition("?")[0].lstrip("/").split("/", 1)
         if len(parts) != 2:

@@ -442,6 +442,21 @@ def test_secrets_stay_out_of_debug_logs_and_bench(fault, root, fst_env):
             assert "hunter2" not in out and "s3cr3t" not in out, out
 
 
+def test_an_s3_listing_that_loops_fails(fault, fst_env):
+    """A listing whose continuation tokens come round again (a server's bug)
+    fails at the first repeat, naming it, where it was fetched and kept page
+    after page up to 10000 pages."""
+    base, log = fault
+    start = len(log.read_text().splitlines()) if log.exists() else 0
+    env = fst_env(AWS_NO_SIGN_REQUEST="1")
+    r = run_fst("inspect", "--endpoint", base, "s3://listloop/p/", env=env, timeout=60)
+    assert r.returncode == 4, r.stderr
+    assert "s3://listloop/p/: page 3 of the listing hands back the continuation token that " \
+        "asked for page 2: the server's listing goes round in a loop" in r.stderr, r.stderr
+    asked = [json.loads(x)["path"] for x in log.read_text().splitlines()[start:]]
+    assert len([p for p in asked if p.startswith("/listloop?")]) == 3, asked
+
+
 def test_endpoint_and_token_secrets_are_not_shown(fault, fst_env):
     """An S3 endpoint's password, and a token given as a URL's user (no
     ':'), never show: not in the error naming the endpoint a request was
