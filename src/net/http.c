@@ -34,6 +34,10 @@ struct fsti_conn {
 	const struct fsti_curl *cu;
 	fsti_curl_handle *h;
 	bool signed_before; /* credentials set on the handle by an earlier request */
+	/* the CA file set on the handle (NULL: libcurl's own), copied: a
+	 * worker's connection serves every file of a load, and files opened
+	 * with other options can be one checkpoint (fst_checkpoint_from_files) */
+	char *ca_bundle;
 	char error[FSTI_CURL_ERROR_SIZE];
 	char agent[32];
 };
@@ -90,7 +94,42 @@ void fsti_conn_free(struct fsti_conn *c)
 	if (!c)
 		return;
 	c->cu->curl_easy_cleanup(c->h);
+	fsti_free(c->ca_bundle);
 	fsti_free(c);
+}
+
+/* The handle set for r's CA file. Setting NULL would remove the CA file
+ * rather than restore libcurl's own: a handle that had another CA file is
+ * replaced by a new one (its connections go with it) for a remote of the
+ * default. Returns libcurl's code (CURLE_OUT_OF_MEMORY where a handle or
+ * the copy cannot be made). */
+static int use_ca(struct fsti_conn *c, const struct fsti_remote *r)
+{
+	if (c->ca_bundle == r->ca_bundle ||
+	    (c->ca_bundle && r->ca_bundle && !strcmp(c->ca_bundle, r->ca_bundle)))
+		return 0;
+	if (!r->ca_bundle) {
+		fsti_curl_handle *h = c->cu->curl_easy_init();
+		if (!h)
+			return FSTI_CURLE_OUT_OF_MEMORY;
+		c->cu->curl_easy_cleanup(c->h);
+		c->h = h;
+		c->signed_before = false;
+		fsti_free(c->ca_bundle);
+		c->ca_bundle = NULL;
+		return 0;
+	}
+	char *copy = fsti_strdup(r->ca_bundle);
+	if (!copy)
+		return FSTI_CURLE_OUT_OF_MEMORY;
+	int rc = c->cu->curl_easy_setopt(c->h, FSTI_CURLOPT_CAINFO, r->ca_bundle);
+	if (rc) {
+		fsti_free(copy);
+		return rc;
+	}
+	fsti_free(c->ca_bundle);
+	c->ca_bundle = copy;
+	return 0;
 }
 
 void fsti_object_free(struct fsti_object *o)
@@ -279,8 +318,8 @@ static int set_options(struct fsti_conn *c, const struct fsti_remote *r, bool si
 		       struct request *q, const char *range, struct fsti_curl_slist *headers)
 {
 	const struct fsti_curl *cu = c->cu;
-	fsti_curl_handle *h = c->h;
-	int rc = 0;
+	int rc = use_ca(c, r);
+	fsti_curl_handle *h = c->h; /* after use_ca, which may replace it */
 #define SET(opt, val)                                           \
 	do {                                                    \
 		if (!rc)                                        \
@@ -317,10 +356,6 @@ static int set_options(struct fsti_conn *c, const struct fsti_remote *r, bool si
 	SET(FSTI_CURLOPT_LOW_SPEED_LIMIT, 1024L);
 	SET(FSTI_CURLOPT_LOW_SPEED_TIME,
 	    (long)FSTI_MAX(1u, ((uint64_t)r->stall_timeout_ms + 999) / 1000));
-	/* NULL would not restore libcurl's own CA file but remove it (a
-	 * connection serves one remote's options, so none to undo) */
-	if (r->ca_bundle)
-		SET(FSTI_CURLOPT_CAINFO, r->ca_bundle);
 	/* a handle that signed before keeps its credentials unless told */
 	if (sign || c->signed_before) {
 		SET(FSTI_CURLOPT_USERNAME, sign ? r->key_id : (char *)NULL);

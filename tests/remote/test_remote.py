@@ -326,12 +326,12 @@ def test_https_never_redirects_to_http_on_an_older_libcurl(tls_fault, fst_env, m
     bit-mask forms instead, so a redirect from https to http still fails;
     with neither, no redirect is followed at all (its libcurl default
     would follow https down to http)."""
-    double = os.environ.get("FST_OLD_CURL_DOUBLE")
+    double = os.environ.get("FST_CURL_DOUBLE")
     if not double:
-        pytest.skip("FST_OLD_CURL_DOUBLE unset (ctest sets it)")
+        pytest.skip("FST_CURL_DOUBLE unset (ctest sets it)")
     base, cert, _ = tls_fault
-    env = fst_env(CURL_CA_BUNDLE=str(cert), FST_CURL_LIBRARY=double,
-                  OLD_CURL_DOUBLE_NO_MASKS="0" if masks else "1")
+    env = fst_env(CURL_CA_BUNDLE=str(cert), FST_CURL_LIBRARY=double, CURL_DOUBLE_OLD="1",
+                  CURL_DOUBLE_NO_MASKS="0" if masks else "1")
     r = run_fst("verify", f"{base}/ok/one/model.safetensors", env=env)
     assert r.returncode == 0, r.stderr
     r = run_fst("verify", f"{base}/redirect/one/model.safetensors", env=env)

@@ -465,6 +465,95 @@ static void test_cuda_double(void **state)
 	load_and_check("reset", "cuda:0", 2, 0);
 }
 
+/* Files opened with a CA file and files opened without it, as one
+ * checkpoint loaded by one worker (one connection for every file): each
+ * request is sent with its own file's CA setting, never the one the
+ * connection had for the file before (FST_CURL_LIBRARY: the libcurl double,
+ * whose log says which CA file each handle had at each URL). */
+static void test_ca_file_of_each_file(void **state)
+{
+	(void)state;
+	const char *log = test_path("curl-double.log");
+	unlink(log);
+	assert_int_equal(setenv("CURL_DOUBLE_LOG", log, 1), 0);
+	size_t n = fst_checkpoint_file_count(local_ck);
+	assert_true(n >= 2 && n <= 16);
+	fst_file *fs[16];
+	fst_error err;
+	for (size_t i = 0; i < n; i++) {
+		fst_open_opts oo;
+		fst_open_opts_init(&oo);
+		oo.ca_bundle = i % 2 ? NULL : "/etc/fst-test-ca.pem"; /* http: never read */
+		char url[512];
+		url_of(url, sizeof url, "ok", i);
+		assert_int_equal(fst_file_open_ex(url, &oo, &fs[i], &err), 0);
+	}
+	fst_checkpoint *ck;
+	assert_int_equal(fst_checkpoint_from_files(fs, n, &ck, &err), 0);
+	fst_load_opts o;
+	fst_load_opts_init(&o);
+	o.threads = 1;
+	o.chunk_bytes = 64 << 10;
+	fst_buffer *buf;
+	for (int round = 0; round < 2; round++) { /* the last file's CA, then the first's */
+		assert_int_equal(fst_load(ck, &o, &buf, &err), 0);
+		check_buffer(buf, false);
+		fst_buffer_release(buf);
+	}
+	fst_checkpoint_close(ck);
+	unsetenv("CURL_DOUBLE_LOG");
+
+	/* each handle's CA file and URL as the log goes, checked at each
+	 * request sent */
+	FILE *f = fopen(log, "r");
+	assert_non_null(f);
+	struct { char h[32], ca[64]; size_t file; } hs[64];
+	size_t nh = 0, urls[2] = {0, 0};
+	char what[16], h[32], value[600];
+	char line[700];
+	while (fgets(line, sizeof line, f)) {
+		value[0] = '\0';
+		if (sscanf(line, "%15s %31s %599s", what, h, value) < 2)
+			fail_msg("log line: %s", line);
+		size_t k = 0;
+		while (k < nh && strcmp(hs[k].h, h))
+			k++;
+		if (k == nh) {
+			assert_true(nh < 64);
+			snprintf(hs[nh].h, sizeof hs[nh].h, "%s", h);
+			hs[nh].ca[0] = '\0';
+			hs[nh++].file = n;
+		}
+		if (!strcmp(what, "init") || !strcmp(what, "cleanup")) {
+			hs[k].ca[0] = '\0';
+			hs[k].file = n;
+		} else if (!strcmp(what, "cainfo")) {
+			snprintf(hs[k].ca, sizeof hs[k].ca, "%s", strcmp(value, "-") ? value : "");
+		} else if (!strcmp(what, "url")) {
+			size_t i = 0;
+			while (i < n) {
+				char url[512];
+				url_of(url, sizeof url, "ok", i);
+				if (!strcmp(url, value))
+					break;
+				i++;
+			}
+			assert_true(i < n);
+			hs[k].file = i;
+		} else if (!strcmp(what, "perform")) {
+			size_t i = hs[k].file;
+			assert_true(i < n);
+			const char *want = i % 2 ? "" : "/etc/fst-test-ca.pem";
+			if (strcmp(hs[k].ca, want))
+				fail_msg("a request for file %zu sent with the CA file \"%s\"", i,
+					 hs[k].ca);
+			urls[i % 2]++;
+		}
+	}
+	fclose(f);
+	assert_true(urls[0] > 0 && urls[1] > 0);
+}
+
 /* FST_CURL_LIBRARY names a missing library: URLs refused, files fine. */
 static int nocurl(void)
 {
@@ -494,6 +583,18 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "nocurl"))
 		return nocurl();
+	if (argc > 1 && !strcmp(argv[1], "curl-double")) {
+		if (!getenv("FST_CURL_LIBRARY"))
+			return 77; /* ctest names the double */
+		/* a file opened without a CA file has libcurl's own */
+		unsetenv("AWS_CA_BUNDLE");
+		unsetenv("CURL_CA_BUNDLE");
+		unsetenv("SSL_CERT_FILE");
+		const struct CMUnitTest double_tests[] = {
+			cmocka_unit_test(test_ca_file_of_each_file),
+		};
+		return cmocka_run_group_tests(double_tests, setup, teardown);
+	}
 	/* where libcurl is missing (an emulated aarch64 run) there is nothing
 	 * to test: the nocurl scenario covers that case */
 	void *curl = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
