@@ -10,7 +10,7 @@ from typing import Dict, Optional
 
 from . import _fst
 from ._args import _IO, _check_target, _choice, _count, _framework, _is_int, _threads
-from ._errors import ArgumentTypeError, UsageError
+from ._errors import ArgumentTypeError, UsageError, _raise_agreed, _rank_status
 from ._load import _open
 from ._tensors import _check_dtypes, _convert, _need_torch
 
@@ -18,20 +18,30 @@ from ._tensors import _check_dtypes, _convert, _need_torch
 class Comm:
     """An NCCL communicator for tensor-parallel loads, made over an existing
     torch.distributed process group (any backend): rank 0 makes the NCCL id
-    and the group carries it, so no second rendezvous is needed."""
+    and the group carries it, so no second rendezvous is needed. Where rank
+    0 cannot make it (no NCCL there), every rank raises its error: rank 0
+    its own, the others the same class naming rank 0 and the cause."""
 
     def __init__(self, group=None, device=None, timeout_ms: int = 0):
         import torch
         import torch.distributed as dist
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        box = [_fst.comm_unique_id() if self.rank == 0 else None]
+        uid, error = None, None
+        if self.rank == 0:
+            try:
+                uid = _fst.comm_unique_id()
+            except Exception as e:  # sent to the others, who wait for the id
+                error = e
+        box = [(uid, _rank_status(error))]
         src = dist.get_global_rank(group, 0) if group is not None else 0
         dist.broadcast_object_list(box, src=src, group=group)
+        uid, status = box[0]
+        _raise_agreed(error, [status], "of the group could not make the NCCL id")
         if device is None:
             device = torch.cuda.current_device()
         self.device = int(str(device).split(":")[-1]) if not isinstance(device, int) else device
-        self._comm = _fst.Comm(self.world, self.rank, box[0], self.device, timeout_ms)
+        self._comm = _fst.Comm(self.world, self.rank, uid, self.device, timeout_ms)
 
 
 def _ranks_per_node(ranks_per_node) -> int:

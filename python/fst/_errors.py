@@ -132,7 +132,10 @@ def _rank_status(error: Optional[BaseException]):
     _raise_agreed; a failure that is not fst's counts as a device one."""
     if error is None:
         return None
-    return type(error).__name__, str(error), getattr(error, "code", -5)
+    # a missing package's name goes with it: the others raise the same
+    # MissingDependencyError, whose name says what to install
+    package = error.name if isinstance(error, MissingDependencyError) else None
+    return type(error).__name__, str(error), getattr(error, "code", -5), package
 
 
 def _raise_agreed(error: Optional[BaseException], statuses, what: str) -> None:
@@ -143,10 +146,12 @@ def _raise_agreed(error: Optional[BaseException], statuses, what: str) -> None:
         raise error
     for rank, status in enumerate(statuses):
         if status is not None:
-            name, message, code = status
+            name, message, code, package = status
             cls = globals().get(name)
             if not (isinstance(cls, type) and issubclass(cls, SafetensorError)):
                 cls = SafetensorError
+            if issubclass(cls, MissingDependencyError):
+                raise cls(f"rank {rank} {what}: {message}", package)
             raise cls(f"rank {rank} {what}: {message}", code)
 
 

@@ -160,6 +160,67 @@ def scenario_error():
     return {"errors": errors}
 
 
+def caught(call):
+    """[class name, message] of what call() raised; None if it returned."""
+    try:
+        call()
+        return None
+    except Exception as e:
+        return [type(e).__name__, str(e)]
+
+
+def scenario_dtypes_one_rank():
+    """numpy without ml_dtypes: only rank 0's file has BF16 and F8 tensors,
+    so only rank 0's header check fails; rank 1 must get it too, not wait
+    for rank 0 in the agreement."""
+    from fst.compat.fastsafetensors import SafeTensorsFileLoader
+    sys.modules["ml_dtypes"] = None  # import ml_dtypes raises ImportError
+    loader = SafeTensorsFileLoader(dist.group.WORLD, "cpu", nogds=True, framework="numpy")
+    loader.add_filenames({0: [FILES[1]], 1: [FILES[2]]})
+    try:
+        loader.copy_files_to_device()
+        return {"errors": [None]}
+    except Exception as e:  # with the package to install, on every rank
+        return {"errors": [[type(e).__name__, str(e), getattr(e, "name", None)]]}
+
+
+def scenario_push():
+    """push_tensor of every tensor of rank 1's file, to rank 0: the file is
+    still there on every rank (fastsafetensors frees nothing for a push),
+    so get_tensor of it works on both, and the release after get_tensor of
+    every tensor still comes on both."""
+    from fst.compat.fastsafetensors import SafeTensorsFileLoader
+    loader = SafeTensorsFileLoader(dist.group.WORLD, "cpu", nogds=True)
+    loader.add_filenames({0: [FILES[0]], 1: [FILES[2]]})
+    fb = loader.copy_files_to_device()
+    errors = []
+    for name in ("x.4x6", "i.3", "empty"):
+        got = fb.push_tensor(name, 0)
+        if RANK == 0:
+            check(f"push_tensor({name}, 0)", got, REF[name])
+        elif got is not None:
+            failures.append(f"push_tensor({name}, 0) returned a tensor on rank {RANK}")
+    got = fb.push_tensor("x.4x6", 1)  # to the owner itself
+    if RANK == 1:
+        check("push_tensor(x.4x6, 1)", got, REF["x.4x6"])
+    for name in ("x.4x6", "i.3", "empty"):
+        errors.append(caught(lambda: check(f"get_tensor({name}) after the pushes",
+                                           fb.get_tensor(name), REF[name])))
+    errors.append(caught(lambda: fb.get_tensor("x.4x6")))
+    fb.close()
+    loader.close()
+    return {"errors": errors}
+
+
+def scenario_comm_no_nccl():
+    """fst.Comm where rank 0 cannot load NCCL: every rank raises, none waits
+    for an id that will not come."""
+    if RANK == 0:
+        # read once, at NCCL's first use in the process: this one's
+        os.environ["FST_NCCL_LIBRARY"] = os.path.join(DIR, "no-such-libnccl.so.2")
+    return {"errors": [caught(lambda: fst.Comm(device=0))]}
+
+
 def main():
     result = {"rank": RANK}
     try:

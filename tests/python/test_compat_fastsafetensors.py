@@ -218,6 +218,58 @@ def test_f4_sharding_rules(ckpt):
         op.get_native_slices(DType.F4, [8, 16], (slice(None), slice(3, 12, 1)))
 
 
+def test_f4_sharding_odd_block_names_the_tensor(tmp_path):
+    """An F4 tensor cut along its last dimension where a rank's block
+    starts or ends mid-byte: a UsageError naming the tensor, its file, the
+    shape, the ranks and the rule, on every rank (rank 2's own block, values
+    [6, 8), is whole bytes), so that all refuse it alike."""
+    f = str(tmp_path / "f4.safetensors")
+    g = torch.Generator().manual_seed(3)
+    packed = torch.randint(0, 256, (5, 4), dtype=torch.uint8, generator=g)
+    st_torch.save_file({"f4.5x8": packed.view(torch.float4_e2m1fn_x2)}, f)
+
+    class Group:
+        def __init__(self, rank):
+            self.r = rank
+
+        def rank(self):
+            return self.r
+
+        def size(self):
+            return 3
+
+    for rank in range(3):
+        loader = SafeTensorsFileLoader(Group(rank), "cpu")
+        loader.add_filenames({0: [f]})
+        fb = loader.copy_files_to_device()
+        with pytest.raises(fst.UsageError) as ei:
+            fb.get_sharded("f4.5x8", 1)
+        assert str(ei.value) == (
+            f"tensor f4.5x8 of {f}: F4 [5, 8] cannot be sharded along dim 1 over 3 ranks: "
+            "rank 0's block is values [0, 3), and bounds must be even: a byte holds two F4 "
+            "values")
+        # dim 0 cuts whole rows: fine
+        want = packed[[0, 1]] if rank == 0 else packed[2:4] if rank == 1 else packed[4:]
+        assert same(fb.get_sharded("f4.5x8", 0), want.view(torch.float4_e2m1fn_x2))
+
+
+def test_failed_conversion_leaves_mem_used(ckpt):
+    """A copy_files_to_device whose dtype conversion fails takes back what
+    it counted in get_mem_used, and no more."""
+    d, files, ref = ckpt
+    op = fs.frameworks.get_framework_op("pytorch")
+    before = op.get_mem_used()
+    loader = SafeTensorsFileLoader(SingleGroup(), "cpu", nogds=True)
+    loader.add_filenames({0: [files[2]]})
+    with pytest.raises(fst.UnsupportedError, match=r"cannot convert \w+ to F4"):
+        loader.copy_files_to_device(dtype=DType.F4)
+    assert op.get_mem_used() == before
+    fb = loader.copy_files_to_device()
+    assert op.get_mem_used() == before + sum(ref[k].nbytes for k in ("x.4x6", "i.3", "empty"))
+    fb.close()
+    assert op.get_mem_used() == before
+
+
 def test_dtype_and_device_arguments(ckpt):
     d, files, ref = ckpt
     loader = SafeTensorsFileLoader(None, Device(DeviceType.CPU), nogds=True)
@@ -458,7 +510,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(scenario, d, tmp_path, world=2):
+def run_ranks(scenario, d, tmp_path, world=2, timeout=90):
     port = free_port()
     env = dict(os.environ)
     procs, outs = [], []
@@ -472,11 +524,11 @@ def run_ranks(scenario, d, tmp_path, world=2):
     logs = []
     for p in procs:
         try:
-            logs.append(p.communicate(timeout=90)[0])
+            logs.append(p.communicate(timeout=timeout)[0])
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail(f"{scenario}: a rank hung (no answer in 90 s)")
+            pytest.fail(f"{scenario}: a rank hung (no answer in {timeout} s)")
     results = []
     for out, log, p in zip(outs, logs, procs):
         assert out.exists(), f"{scenario}: rank wrote nothing (exit {p.returncode}):\n{log}"
@@ -515,3 +567,38 @@ def test_two_ranks_error_on_one_rank_fails_both(ckpt, tmp_path):
     assert all("injected on rank 1" in e[1] for e in r1["errors"])
     assert all("rank 1 failed to load its files" in e[1] and "injected" in e[1]
                for e in r0["errors"])
+
+
+def test_two_ranks_dtype_check_on_one_rank_fails_both(ckpt, tmp_path):
+    """The header check (numpy without ml_dtypes) fails on the owner of the
+    BF16 file only: the other rank raises the same class naming rank 0,
+    instead of waiting for it."""
+    d, files, ref = ckpt
+    r0, r1 = run_ranks("dtypes_one_rank", d, tmp_path, timeout=40)
+    (e0,), (e1,) = r0["errors"], r1["errors"]
+    assert e0 and e0[0] == "MissingDependencyError" and "needs ml_dtypes" in e0[1], e0
+    assert e1 and e1[0] == "MissingDependencyError", e1
+    assert e1[1].startswith("rank 0 failed to load its files: ") and "needs ml_dtypes" in e1[1]
+    assert e0[2] == e1[2] == "ml_dtypes", (e0, e1)  # what to install, on both
+
+
+def test_two_ranks_push_keeps_the_file(ckpt, tmp_path):
+    """A push counts toward no release, on any rank: after every tensor of
+    a file was pushed, get_tensor of each works on both ranks; after each
+    went out by get_tensor, both refuse the file."""
+    d, files, ref = ckpt
+    for r in run_ranks("push", d, tmp_path, timeout=40):
+        *gets, last = r["errors"]
+        assert gets == [None, None, None], gets
+        assert last and last[0] == "UsageError" and "released" in last[1], last
+
+
+def test_two_ranks_comm_without_nccl_on_rank_0(ckpt, tmp_path):
+    """fst.Comm where rank 0 cannot make the NCCL id: rank 0 raises its
+    error, rank 1 the same class naming rank 0 and the cause."""
+    d, files, ref = ckpt
+    r0, r1 = run_ranks("comm_no_nccl", d, tmp_path, timeout=40)
+    (e0,), (e1,) = r0["errors"], r1["errors"]
+    assert e0 and e0[0] == "UnsupportedError" and "no-such-libnccl" in e0[1], e0
+    assert e1 and e1[0] == e0[0], e1
+    assert e1[1] == "rank 0 of the group could not make the NCCL id: " + e0[1]

@@ -670,6 +670,68 @@ def test_node_comm_over_subgroups(fst_pkg, fake_dist):
         assert c.group == ("group", want)
 
 
+def test_comm_id_failure_on_rank_0_fails_every_rank(fst_pkg, monkeypatch):
+    """fst.Comm: rank 0 makes the NCCL id and broadcasts it. Where it cannot
+    (no NCCL on its host), it broadcasts its error instead, so every rank
+    raises: rank 0 its own error, the others the same class naming rank 0
+    and the cause, none waiting for an id that will not come. Each rank is
+    played in turn here, the broadcast carrying what rank 0 sent."""
+    import fst._dist as d
+    sent = []
+
+    class Dist(types.ModuleType):
+        def __init__(self, rank):
+            super().__init__("torch.distributed")
+            self.rank = rank
+
+        def get_rank(self, group=None):
+            return self.rank
+
+        def get_world_size(self, group=None):
+            return 2
+
+        def get_global_rank(self, group, rank):
+            return rank
+
+        def broadcast_object_list(self, box, src=0, group=None):
+            if self.rank == src:
+                sent.append(pickle.loads(pickle.dumps(box)))
+            else:
+                box[:] = sent[-1]
+
+    def play(rank, native):
+        dist = Dist(rank)
+        torch = types.ModuleType("torch")
+        torch.distributed = dist
+        monkeypatch.setitem(sys.modules, "torch", torch)
+        monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+        monkeypatch.setattr(d, "_fst", native)
+        return fst_pkg.Comm(device=0, timeout_ms=7)
+
+    no_nccl = fst_pkg.UnsupportedError("no NCCL: cannot load libnccl.so.2 (not found)", -6)
+
+    def fail():
+        raise no_nccl
+
+    made = []
+    native = types.SimpleNamespace(comm_unique_id=fail, Comm=lambda *a: made.append(a))
+    with pytest.raises(fst_pkg.UnsupportedError) as ei:
+        play(0, native)
+    assert ei.value is no_nccl
+    assert len(sent) == 1, "rank 0 raised without telling the others"
+    with pytest.raises(fst_pkg.UnsupportedError) as ei:
+        play(1, native)
+    assert str(ei.value) == ("rank 0 of the group could not make the NCCL id: no NCCL: cannot "
+                             "load libnccl.so.2 (not found)") and ei.value.code == -6
+    assert made == []
+    # an id made goes to every rank, to its communicator
+    native.comm_unique_id = lambda: b"id" * 64
+    for rank in (0, 1):
+        c = play(rank, native)
+        assert (c.rank, c.world, c.device) == (rank, 2, 0)
+    assert made == [(2, 0, b"id" * 64, 0, 7), (2, 1, b"id" * 64, 0, 7)]
+
+
 def test_node_comm_size_must_divide(fst_pkg, fake_dist, monkeypatch):
     """A node size that does not divide a group's is a UsageError on every
     process, after they shared their sizes (none is left waiting), and no

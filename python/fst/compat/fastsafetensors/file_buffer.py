@@ -151,12 +151,18 @@ class FilesBufferOnDevice:
 
     def push_tensor(self, tensor_name: str, dst_rank: int, device: Optional[Device] = None,
                     dtype: Any = DType.AUTO) -> Optional[Any]:
-        """The tensor on dst_rank, sent by its owner; None on the others."""
+        """The tensor on dst_rank, sent by its owner; None on the others.
+        A push does not count toward releasing the file (auto_mem_delete):
+        the owner keeps its copy, so every rank may still get_tensor it."""
         rank, lidx, loader = self._factory(tensor_name)
         t = loader.push(self.pg, tensor_name, dst_rank, rank)
+        # Not _done: only dst_rank (and the owner) take part in a push, so
+        # counting it would release the file on some ranks and not on
+        # others, and a later get_tensor of it would fail on some while the
+        # rest wait in the broadcast. fastsafetensors never frees the
+        # owner's copy for a push either.
         if t is None:
             return None
-        self._done(rank, lidx, [tensor_name])
         return self._to(t, device, dtype).get_raw()
 
     def get_multi_cols(self, tensor_names: List[str], dim: int, device: Optional[Device] = None,

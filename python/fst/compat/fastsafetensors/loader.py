@@ -133,21 +133,28 @@ class BaseSafeTensorsFileLoader:
                                         group=self.pg, options=self._options, names=names)
             factory.convert(dtype)
             factories[rank].append(factory)
-        # Whether every tensor to be read can be handed out (ml_dtypes for
-        # numpy, torch's unsigned dtypes) is known from the headers: across
-        # all files, before the first is read.
-        for loaders in factories.values():
-            for factory in loaders:
-                if factory.local_rank:  # this rank reads it
-                    fst._check_dtypes(self._fw, [fst.Checkpoint(factory.metadata.src)],
-                                      factory.names)
         if self._chunk_plan:
             wanted: Set[str] = set().union(*map(set, self._chunk_plan.values()))
             keep = wanted.__contains__
-        # a duplicate name is refused here, before anything is read
+        # a duplicate name is refused here, before anything is read (every
+        # rank has every header, so every rank refuses it alike)
         fb = FilesBufferOnDevice(factories, self.pg, self.framework, keep_tensor=keep,
                                  borrowed_tensors=borrowed_tensors)
         error = None
+        # Whether every tensor to be read can be handed out (ml_dtypes for
+        # numpy, torch's unsigned dtypes) is known from the headers: across
+        # all files, before the first is read. Each rank checks the files
+        # it reads, so a failure here is one rank's, like a failed read: it
+        # goes to the others through _agree rather than out of here while
+        # they wait there for this rank.
+        try:
+            for loaders in factories.values():
+                for factory in loaders:
+                    if factory.local_rank:  # this rank reads it
+                        fst._check_dtypes(self._fw, [fst.Checkpoint(factory.metadata.src)],
+                                          factory.names)
+        except Exception as e:  # shared with the other ranks below
+            error = e
         for loaders in factories.values():
             for factory in loaders:
                 if error is None:

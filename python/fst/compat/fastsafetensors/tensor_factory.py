@@ -108,11 +108,15 @@ class LazyTensorFactory:
             for name in names:
                 frame = self.metadata.tensors[name]
                 t = self.framework.from_fst(loaded[name], frame.dtype, frame.shape, self.device)
-                self._nbytes += t.get_nbytes()
+                # counted a tensor at a time, into both at once: a conversion
+                # that fails part way leaves free_dev_ptrs to take back
+                # exactly what was added
+                n = t.get_nbytes()
+                self._nbytes += n
+                self.framework.mem_used += n
                 if self.dtypes[name] != frame.dtype:
                     t = self._converted(name, t)
                 self.tensors[name] = t
-            self.framework.mem_used += self._nbytes
         self.loaded = True
         logger.debug("loaded %s on rank %d: %d tensors", self.metadata.src, self.rank,
                      len(self.tensors))
@@ -176,6 +180,17 @@ class LazyTensorFactory:
                 if dtype != DType.F4:
                     raise _support.usage(f"tensor {name}: {dtype.value} cannot be sharded along "
                                          "its last dimension")
+                # every rank's block, not only `rank`'s: so that every rank
+                # refuses the tensor alike, before any collective
+                world = self.group.size()
+                for r in range(world):
+                    s, e = shard_range(st_shape[d], world, r)
+                    if s % 2 or e % 2:
+                        raise _support.usage(
+                            f"tensor {name} of {self.metadata.src}: F4 {st_shape} cannot be "
+                            f"sharded along dim {d} over {world} ranks: rank {r}'s block is "
+                            f"values [{s}, {e}), and bounds must be even: a byte holds two F4 "
+                            "values")
                 index = self.framework.get_native_slices(dtype, st_shape, index)
         return index, shard
 
