@@ -204,6 +204,21 @@ def test_header_model_filter_and_memory(ckpt):
     assert op.get_mem_used() == 0
 
 
+def ranks_of(world):
+    """A group class of world ranks with rank() and size() alone (no
+    collectives): Group(r) is rank r of it."""
+    class Group:
+        def __init__(self, rank):
+            self.r = rank
+
+        def rank(self):
+            return self.r
+
+        def size(self):
+            return world
+    return Group
+
+
 def test_f4_sharding_rules(ckpt):
     """get_native_slices halves F4 bounds and refuses odd ones, as
     fastsafetensors' torch framework does."""
@@ -228,15 +243,7 @@ def test_f4_sharding_odd_block_names_the_tensor(tmp_path):
     packed = torch.randint(0, 256, (5, 4), dtype=torch.uint8, generator=g)
     st_torch.save_file({"f4.5x8": packed.view(torch.float4_e2m1fn_x2)}, f)
 
-    class Group:
-        def __init__(self, rank):
-            self.r = rank
-
-        def rank(self):
-            return self.r
-
-        def size(self):
-            return 3
+    Group = ranks_of(3)
 
     for rank in range(3):
         loader = SafeTensorsFileLoader(Group(rank), "cpu")
@@ -419,15 +426,7 @@ def test_local_group_reads_every_file(ckpt, recorded):
     shards, with fastsafetensors' cut."""
     d, files, ref = ckpt
 
-    class Group:
-        def __init__(self, rank):
-            self.r = rank
-
-        def rank(self):
-            return self.r
-
-        def size(self):
-            return 2
+    Group = ranks_of(2)
 
     for rank in (0, 1):
         recorded.clear()
