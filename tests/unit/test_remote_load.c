@@ -507,7 +507,7 @@ static void test_ca_file_of_each_file(void **state)
 	 * request sent */
 	FILE *f = fopen(log, "r");
 	assert_non_null(f);
-	struct { char h[32], ca[64]; size_t file; } hs[64];
+	struct { char h[32], ca[600]; size_t file; } hs[64];
 	size_t nh = 0, urls[2] = {0, 0};
 	char what[16], h[32], value[600];
 	char line[700];
