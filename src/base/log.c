@@ -63,8 +63,8 @@ void fsti_text_hide(char *text, size_t size, char lead, const char *secret, size
 		/* "***" in its place, the rest after it, within size */
 		size_t room = size - 1 - (size_t)(p - text);
 		size_t rest = strlen(p + len);
-		size_t star = room < 3 ? room : 3;
-		size_t keep = rest < room - star ? rest : room - star;
+		size_t star = FSTI_MIN((size_t)3, room);
+		size_t keep = FSTI_MIN(rest, room - star);
 		memmove(p + star, p + len, keep);
 		memcpy(p, "***", star);
 		p[star + keep] = '\0';
@@ -74,7 +74,9 @@ void fsti_text_hide(char *text, size_t size, char lead, const char *secret, size
 
 /* The secrets of fsti_log_hide, for the process's life: a line can name a
  * URL long after it was opened. As many as the distinct URLs with secrets
- * the process was given. */
+ * the process was given. Plain malloc, not fsti_malloc: a URL's first open
+ * allocates here and later ones do not, which the tests that fail each
+ * allocation of an open in turn must not see. */
 struct secret {
 	char lead, trail;
 	size_t len;

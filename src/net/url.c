@@ -177,6 +177,24 @@ static void secrets(const char *url, size_t at[2], size_t len[2], char lead[2])
 	}
 }
 
+/* A secret of a URL as it stands in text that names the URL: after its
+ * lead, and the user info's before the '@' that ends it (":PASSWORD@",
+ * "//USER@", "?QUERY"), as fsti_text_hide and fsti_log_hide take it. */
+struct secret_in_text {
+	const char *text;
+	size_t len;
+	char lead, trail;
+};
+
+static void secrets_in_text(const char *url, struct secret_in_text out[2])
+{
+	size_t at[2], len[2];
+	char lead[2];
+	secrets(url, at, len, lead);
+	for (int i = 0; i < 2; i++)
+		out[i] = (struct secret_in_text){url + at[i], len[i], lead[i], i ? '\0' : '@'};
+}
+
 size_t fst_display_path(const char *path, char *out, size_t size)
 {
 	if (!path)
@@ -202,11 +220,10 @@ char *fsti_url_display(const char *url)
 {
 	/* every URL the library is given is shown through here first: from
 	 * now on no log line shows its secrets either */
-	size_t at[2], len[2];
-	char lead[2];
-	secrets(url, at, len, lead);
+	struct secret_in_text s[2];
+	secrets_in_text(url, s);
 	for (int i = 0; i < 2; i++)
-		if (!fsti_log_hide(lead[i], url + at[i], len[i], i ? '\0' : '@'))
+		if (!fsti_log_hide(s[i].lead, s[i].text, s[i].len, s[i].trail))
 			return NULL;
 	size_t n = fst_display_path(url, NULL, 0) + 1;
 	char *out = fsti_malloc(n);
@@ -217,10 +234,8 @@ char *fsti_url_display(const char *url)
 
 void fsti_url_hide(char *text, size_t size, const char *url)
 {
-	size_t at[2], len[2];
-	char lead[2];
-	secrets(url, at, len, lead);
-	/* where the URL has them: ":PASSWORD@", "//USER@", "?QUERY" */
+	struct secret_in_text s[2];
+	secrets_in_text(url, s);
 	for (int i = 0; i < 2; i++)
-		fsti_text_hide(text, size, lead[i], url + at[i], len[i], i ? '\0' : '@');
+		fsti_text_hide(text, size, s[i].lead, s[i].text, s[i].len, s[i].trail);
 }
