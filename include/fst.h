@@ -341,6 +341,13 @@ typedef struct fst_open_opts {
 	unsigned connect_timeout_ms; /* 0 = 10 s */
 	/* A transfer below 1 KiB/s for this long fails (and is retried): 0 = 30 s */
 	unsigned stall_timeout_ms;
+	/* One attempt of one request that runs longer than this fails (and is
+	 * retried, resuming after the bytes it brought), however steadily its
+	 * bytes come: 0 = the connect and stall timeouts plus 1 s for every
+	 * 64 KiB asked (2 min 48 s for an 8 MiB request with their defaults).
+	 * A server trickling just above the stall rate would otherwise hold a
+	 * request for hours (since 0.1). */
+	unsigned request_timeout_ms;
 } fst_open_opts;
 
 /* Fill opts with the defaults (since 0.1). */

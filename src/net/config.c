@@ -243,6 +243,7 @@ int fsti_remote_new(const fst_open_opts *in, bool s3, struct fsti_remote **out, 
 	r->connect_timeout_ms = o.connect_timeout_ms ? o.connect_timeout_ms
 						     : DEFAULT_CONNECT_TIMEOUT_MS;
 	r->stall_timeout_ms = o.stall_timeout_ms ? o.stall_timeout_ms : DEFAULT_STALL_TIMEOUT_MS;
+	r->request_timeout_ms = o.request_timeout_ms;
 	snprintf(r->why, sizeof r->why, "unsigned requests (not S3)");
 	const char *ca = first(o.ca_bundle,
 			       first(fsti_env(FSTI_ENV_AWS_CA_BUNDLE),

@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -312,6 +313,20 @@ static int on_progress(void *ctx, fsti_curl_off_t a, fsti_curl_off_t b, fsti_cur
 
 /* ---- one request */
 
+/* The time one attempt of q may take: the option, else the connect and
+ * stall timeouts plus 1 s for every MIN_RATE bytes asked (a listing's or a
+ * header's GET asks for at most q->max). */
+#define MIN_RATE ((uint64_t)64 << 10)
+static long attempt_limit_ms(const struct fsti_remote *r, const struct request *q)
+{
+	if (r->request_timeout_ms)
+		return (long)r->request_timeout_ms;
+	uint64_t bytes = q->ranged ? q->len : q->max;
+	uint64_t ms = (uint64_t)r->connect_timeout_ms + r->stall_timeout_ms +
+		      (bytes / MIN_RATE) * 1000 + (bytes % MIN_RATE) * 1000 / MIN_RATE;
+	return (long)FSTI_MIN(ms, (uint64_t)LONG_MAX);
+}
+
 /* Every option of a request, set afresh: the handle is reused. Returns
  * libcurl's code (0 when all were taken). */
 static int set_options(struct fsti_conn *c, const struct fsti_remote *r, bool sign,
@@ -356,6 +371,8 @@ static int set_options(struct fsti_conn *c, const struct fsti_remote *r, bool si
 	SET(FSTI_CURLOPT_LOW_SPEED_LIMIT, 1024L);
 	SET(FSTI_CURLOPT_LOW_SPEED_TIME,
 	    (long)FSTI_MAX(1u, ((uint64_t)r->stall_timeout_ms + 999) / 1000));
+	/* and so does one that trickles just above that rate for hours */
+	SET(FSTI_CURLOPT_TIMEOUT_MS, attempt_limit_ms(r, q));
 	/* a handle that signed before keeps its credentials unless told */
 	if (sign || c->signed_before) {
 		SET(FSTI_CURLOPT_USERNAME, sign ? r->key_id : (char *)NULL);
@@ -692,8 +709,13 @@ static enum verdict judge(struct fsti_conn *c, const struct target *t, struct fs
 	}
 	if (code && code != FSTI_CURLE_WRITE_ERROR) {
 		enum verdict v = transient(code) ? RETRY : FAIL;
-		*rc = fsti_err_backend(err, FST_EIO, code, "%s: %s (libcurl error %d)", at,
-				       c->error[0] ? c->error : c->cu->curl_easy_strerror(code), code);
+		/* a stall or an attempt past its time: say which settings bound them */
+		bool timed_out = code == FSTI_CURLE_OPERATION_TIMEDOUT;
+		*rc = fsti_err_backend(err, FST_EIO, code, "%s: %s (libcurl error %d%s)", at,
+				       c->error[0] ? c->error : c->cu->curl_easy_strerror(code), code,
+				       timed_out ? "; the limits are the open options' "
+						   "stall_timeout_ms and request_timeout_ms"
+						 : "");
 		return v;
 	}
 	if (code == FSTI_CURLE_WRITE_ERROR) {

@@ -65,6 +65,7 @@ struct fsti_remote {
 	char *ca_bundle;
 	int retries;
 	unsigned retry_time_ms, connect_timeout_ms, stall_timeout_ms;
+	unsigned request_timeout_ms; /* 0: derived from each request's size */
 	char why[256]; /* where the credentials came from, or why unsigned */
 };
 

@@ -40,6 +40,8 @@ Modes (counters are per file and mode, reset by GET /reset):
   downgrade   one redirect to --downgrade-to's /ok/... (from https to http)
   stall       the headers of data requests, then nothing (until the client leaves)
   slow        data requests answered at about 2 MiB/s
+  crawl       data requests answered at about 2 KiB/s: above a 1 KiB/s stall
+              limit, never done in time
   overlong    data requests: a Content-Range naming the first half of the
               bytes asked, and a body of all of them whose second half is
               0xEE (other bytes than the file's)
@@ -260,6 +262,15 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body[:len(body) // 2])
             self.wfile.flush()
             self.close_connection = True
+            return
+        if mode == "crawl" and data_request:
+            try:
+                for i in range(0, len(body), 100):
+                    self.wfile.write(body[i:i + 100])
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            except OSError:
+                pass
             return
         if mode == "slow" and data_request:
             for i in range(0, len(body), 64 << 10):

@@ -4,7 +4,8 @@
  * and streamed, with progress; resumed after a reset connection and over
  * short honest answers; an object that changes fails with FST_ECHANGED; a
  * body past its Content-Range fails keeping none of it; a connection that
- * drops after every few bytes ends within the retry time;
+ * drops after every few bytes ends within the retry time, and one that
+ * answers just above the stall rate within each attempt's time limit;
  * fst_loader_cancel stops a transfer that stalls at once; io=mmap, pread,
  * uring and gds=on refused, naming the first remote file where a local
  * one comes first (and such a checkpoint loads whole); fst_file_read; onto cuda:0 through the libcuda
@@ -313,6 +314,60 @@ static void test_dribbling_server_ends_in_time(void **state)
 	fst_checkpoint_close(ck);
 }
 
+/* A server that answers at about 2 KiB/s, above the 1 KiB/s stall limit:
+ * one attempt ends at the request's time limit (the option, else one
+ * derived from the connect and stall timeouts and the bytes asked), then
+ * the retry time ends the request. Without a limit this 64 KiB read took
+ * 32 s, and a request of 8 MiB over an hour. */
+static void crawl_ends_in_time(unsigned connect_ms, unsigned stall_ms, unsigned request_ms,
+			       double max_secs)
+{
+	/* the largest file, for a read of 64 KiB after its first byte (the
+	 * server answers the header's request, at byte 0, in full) */
+	size_t big = 0;
+	for (size_t i = 1; i < fst_checkpoint_file_count(local_ck); i++)
+		if (fst_file_size(fst_checkpoint_file(local_ck, i)) >
+		    fst_file_size(fst_checkpoint_file(local_ck, big)))
+			big = i;
+	const uint64_t n = 64u << 10;
+	assert_true(fst_file_size(fst_checkpoint_file(local_ck, big)) > n + 1);
+	char url[512];
+	url_of(url, sizeof url, "crawl", big);
+	fst_open_opts oo;
+	fst_open_opts_init(&oo);
+	oo.retry_time_ms = 500;
+	oo.connect_timeout_ms = connect_ms;
+	oo.stall_timeout_ms = stall_ms;
+	oo.request_timeout_ms = request_ms;
+	fst_file *f;
+	fst_error err;
+	assert_int_equal(fst_file_open_ex(url, &oo, &f, &err), 0);
+	char *got = malloc(n);
+	assert_non_null(got);
+	double t0 = test_now_s();
+	assert_int_equal(fst_file_read(f, 1, got, n, &err), FST_EIO);
+	double secs = test_now_s() - t0;
+	assert_has(err.message, "/crawl/ck/");
+	assert_has(err.message, "request_timeout_ms");
+	assert_has(err.message, "after 2 attempts");
+	if (secs > max_secs)
+		fail_msg("%.1f s, expected under %.1f s: %s", secs, max_secs, err.message);
+	free(got);
+	fst_file_close(f);
+}
+
+static void test_crawling_server_ends_in_time(void **state)
+{
+	(void)state;
+	/* 1 s attempts, two of them (the second starts inside the retry
+	 * time) */
+	crawl_ends_in_time(0, 0, 1000, 4);
+	/* derived: 0.5 s of connect timeout, 1 s of stall timeout, 1 s for
+	 * the 64 KiB asked (less what the first attempt brought, for the
+	 * second) */
+	crawl_ends_in_time(500, 1000, 0, 8);
+}
+
 /* Every byte asked for, then a transfer error (a Content-Length one more
  * than the range, the connection closed): the read is done, with no retry
  * to wait for or to run out of. */
@@ -611,6 +666,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_body_past_its_range_fails),
 		cmocka_unit_test(test_dribbling_server_ends_in_time),
 		cmocka_unit_test(test_all_bytes_then_an_error),
+		cmocka_unit_test(test_crawling_server_ends_in_time),
 		cmocka_unit_test(test_cancel_stops_a_stall),
 		cmocka_unit_test(test_refused),
 		cmocka_unit_test(test_local_and_remote),
