@@ -9,6 +9,26 @@
 
 static char tmpdir[512];
 
+static CMFixtureFunction group_teardown;
+static int group_teardown_rc;
+
+static int kept_teardown(void **state)
+{
+	group_teardown_rc = group_teardown(state);
+	return group_teardown_rc;
+}
+
+int test_run_group(const char *name, const struct CMUnitTest *tests, size_t n,
+		   CMFixtureFunction setup, CMFixtureFunction teardown)
+{
+	group_teardown = teardown;
+	group_teardown_rc = 0;
+	int rc = _cmocka_run_group_tests(name, tests, n, setup, teardown ? kept_teardown : NULL);
+	if (!rc && group_teardown_rc)
+		fprintf(stderr, "%s: the group's teardown failed\n", name);
+	return rc ? rc : group_teardown_rc ? 1 : 0;
+}
+
 static void remove_tmpdir(void)
 {
 	char cmd[600];
