@@ -158,6 +158,34 @@ int fst_comm_unique_id(unsigned char id[FST_COMM_ID_BYTES], fst_error *err)
 	return 0;
 }
 
+/* Whether stream is idle, asked every millisecond for up to ms. */
+static bool stream_idle_within(const struct fsti_cuda *cu, CUstream stream, int ms)
+{
+	for (int i = 0;; i++) {
+		if (cu->cuStreamQuery(stream) == FSTI_CUDA_SUCCESS)
+			return true;
+		if (i >= ms)
+			return false;
+		struct timespec ts = {0, 1000000};
+		nanosleep(&ts, NULL);
+	}
+}
+
+/* A rank that failed before it joined still joins, then leaves at once.
+ * Every rank waits in ncclCommInitRank until all have joined, and no
+ * deadline of ours reaches inside it: one rank missing there held the others
+ * for as long as NCCL waits. Joined and aborted, the communicator fails the
+ * others' first collectives, which are bounded (wait_pair). */
+static void join_and_leave(const struct fsti_nccl *nc, int world, int rank,
+			   const unsigned char id[FST_COMM_ID_BYTES])
+{
+	fsti_nccl_id nid;
+	memcpy(nid.internal, id, FST_COMM_ID_BYTES);
+	fsti_nccl_comm comm = NULL;
+	if (!nc->ncclCommInitRank(&comm, world, nid, rank) && comm)
+		nc->ncclCommAbort(comm);
+}
+
 int fst_comm_init(int world, int rank, const unsigned char id[FST_COMM_ID_BYTES], int device,
 		  int timeout_ms, fst_comm **out, fst_error *err)
 {
@@ -169,10 +197,13 @@ int fst_comm_init(int world, int rank, const unsigned char id[FST_COMM_ID_BYTES]
 	const struct fsti_nccl *nc;
 	const struct fsti_cuda *cu;
 	int rc = fsti_nccl_get(&nc, err);
-	if (!rc)
-		rc = fsti_cuda_get(&cu, err);
 	if (rc)
+		return rc; /* no NCCL here: nothing to join */
+	rc = fsti_cuda_get(&cu, err);
+	if (rc) {
+		join_and_leave(nc, world, rank, id);
 		return rc;
+	}
 	void *saved = fsti_cuda_save();
 	rc = fsti_cuda_use_device(cu, device, err);
 	fst_comm *c = rc ? NULL : fsti_calloc(1, sizeof *c);
@@ -190,7 +221,9 @@ int fst_comm_init(int world, int rank, const unsigned char id[FST_COMM_ID_BYTES]
 		if (cr)
 			rc = fsti_cuda_fail(cu, cr, err, "cuda:%d: cannot create a stream", device);
 	}
-	if (!rc) {
+	if (rc)
+		join_and_leave(nc, world, rank, id);
+	else {
 		fsti_nccl_id nid;
 		memcpy(nid.internal, id, FST_COMM_ID_BYTES);
 		int r = fsti_fault("nccl") ? 2 : nc->ncclCommInitRank(&c->comm, world, nid, rank);
@@ -231,13 +264,16 @@ int fst_comm_init(int world, int rank, const unsigned char id[FST_COMM_ID_BYTES]
 	}
 	if (!rc)
 		c->probe = probe;
-	/* after a failed wait the stream may still use the probe: left then */
-	else if (probe && cu->cuStreamQuery(c->stream) == FSTI_CUDA_SUCCESS)
+	/* the abort first: it ends the collectives still queued on the stream
+	 * (one that failed may leave the other waiting there) */
+	if (rc && c && c->comm)
+		nc->ncclCommAbort(c->comm);
+	/* after a failed wait the stream may still use the probe: left then
+	 * (the aborted collectives end soon after the abort returns) */
+	if (rc && probe && stream_idle_within(cu, c->stream, 200))
 		cu->cuMemFree_v2(probe);
 	fsti_cuda_restore(saved);
 	if (rc) {
-		if (c && c->comm)
-			nc->ncclCommAbort(c->comm);
 		if (c && c->stream)
 			cu->cuStreamDestroy_v2(c->stream);
 		fsti_free(c);

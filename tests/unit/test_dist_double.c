@@ -21,7 +21,9 @@
  * call, as NCCL does (FST_NCCL_DOUBLE_LAZY=1, a connection to a missing
  * rank failing after 5 s): a rank that takes no part must still make the
  * others fail within the 300 ms timeout, so the communicators must be
- * connected when they are made. Loads run in steps of 4 KiB of broadcast
+ * connected when they are made. A rank that fails before it joins (a
+ * device that does not exist) makes the others fail in their first
+ * collectives, not wait for it in ncclCommInitRank. Loads run in steps of 4 KiB of broadcast
  * (FST_DIST_GROUP_BYTES), so each crosses many and waits, with the
  * deadline, for the step two before each. Inner-dim shards whose rows pass
  * the device's pitch limit are copied whole. Nothing of the doubles or of
@@ -696,6 +698,54 @@ static void test_departure_reported(void **state)
 	ch_close(&c);
 }
 
+struct joiner {
+	const unsigned char *id;
+	int rank, device, rc;
+	fst_error err;
+	double secs;
+	fst_comm *comm;
+};
+
+static void *join(void *arg)
+{
+	struct joiner *j = arg;
+	double t0 = test_now_s();
+	j->rc = fst_comm_init(WORLD, j->rank, j->id, j->device, 20000, &j->comm, &j->err);
+	j->secs = test_now_s() - t0;
+	return NULL;
+}
+
+/* Rank 1 names a device that does not exist and fails before joining the
+ * communicator. It joins and leaves at once, so the others fail in their
+ * first collectives; they once waited in ncclCommInitRank for it (the
+ * double gives up after 60 s, NCCL's bootstrap waits on). */
+static void test_rank_that_cannot_join(void **state)
+{
+	(void)state;
+	unsigned char id[FST_COMM_ID_BYTES];
+	fst_error err;
+	assert_int_equal(fst_comm_unique_id(id, &err), 0);
+	struct joiner j[WORLD];
+	pthread_t t[WORLD];
+	for (int r = 0; r < WORLD; r++) {
+		j[r] = (struct joiner){.id = id, .rank = r, .device = r == 1 ? 99 : r % 2};
+		assert_int_equal(pthread_create(&t[r], NULL, join, &j[r]), 0);
+	}
+	for (int r = 0; r < WORLD; r++)
+		pthread_join(t[r], NULL);
+	for (int r = 0; r < WORLD; r++) {
+		print_message("rank %d: %d in %.2f s: %s\n", r, j[r].rc, j[r].secs,
+			      j[r].rc ? j[r].err.message : "joined");
+		assert_int_equal(j[r].rc, FST_EDEVICE);
+		assert_null(j[r].comm);
+		if (r == 1)
+			assert_has(j[r].err.message, "device 99 out of range");
+		else
+			assert_has(j[r].err.message, "the first collectives");
+		assert_true(j[r].secs < 10);
+	}
+}
+
 int main(void)
 {
 	int rc = ch_init();
@@ -718,6 +768,7 @@ int main(void)
 		cmocka_unit_test_setup(test_vanished_rank, ch_reset),
 		cmocka_unit_test_setup(test_departure_reported, ch_reset),
 		cmocka_unit_test_setup(test_rows_past_the_pitch_limit, ch_reset),
+		cmocka_unit_test_setup(test_rank_that_cannot_join, ch_reset),
 	};
 	return cmocka_run_group_tests(tests, ch_setup, ch_teardown);
 }
