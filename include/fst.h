@@ -804,7 +804,9 @@ FST_API int fst_comm_world(const fst_comm *comm);
  * have the shard shapes. opts->device is taken from comm; opts->allocator is
  * not used and GPUDirect Storage is off (reads go through pinned staging).
  * Every rank returns the same status: a rank that fails makes all fail
- * (since 0.1). It is fst_load_sharded_nodes with node NULL.
+ * (since 0.1). It is fst_load_sharded_nodes with node NULL. One load at a
+ * time on a communicator: a second, from another thread, is FST_EUSAGE at
+ * once on its rank alone, and the first goes on.
  */
 FST_API int fst_load_sharded(const fst_checkpoint *ckpt, const fst_load_opts *opts,
 			     fst_comm *comm, const int *dims, fst_buffer **out, fst_error *err);

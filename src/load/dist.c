@@ -27,6 +27,7 @@
 #include "nccl.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,9 @@ struct fst_comm {
 	CUstream stream;
 	int timeout_ms;
 	bool broken; /* aborted after a failure: every later call fails */
+	/* a load runs on it: two at once would interleave their collectives,
+	 * which the other ranks issue in one order (wrong bytes, or a hang) */
+	atomic_bool busy;
 	/* 256 bytes on the device: the warm-up's, then each load's agreement
 	 * flag, so that agreeing needs no allocation that could fail */
 	CUdeviceptr probe;
@@ -754,13 +758,10 @@ static void sharded_free(struct sharded *s, bool idle)
 	fsti_dist_free(&s->d);
 }
 
-static int load_sharded(const char *fn, const fst_checkpoint *ck, const fst_load_opts *opts,
+static int load_claimed(const char *fn, const fst_checkpoint *ck, const fst_load_opts *opts,
 			fst_comm *c, fst_comm *node, const int *dims, fst_buffer **out,
 			fst_error *err)
 {
-	fsti_err_clear(err);
-	if (out)
-		*out = NULL;
 	struct sharded s = {.fn = fn, .ck = ck, .c = c, .node = node};
 	int rc = sharded_check(&s, opts, out, err);
 	if (rc)
@@ -802,6 +803,33 @@ static int load_sharded(const char *fn, const fst_checkpoint *ck, const fst_load
 	else
 		*out = s.b;
 	fsti_cuda_restore(saved);
+	return rc;
+}
+
+/* The load, with c and node (NULL, or c itself, or another) claimed for
+ * it; a communicator another load of this rank holds is refused at once,
+ * and the load that holds it goes on. */
+static int load_sharded(const char *fn, const fst_checkpoint *ck, const fst_load_opts *opts,
+			fst_comm *c, fst_comm *node, const int *dims, fst_buffer **out,
+			fst_error *err)
+{
+	fsti_err_clear(err);
+	if (out)
+		*out = NULL;
+	fst_comm *held[2] = {c, node != c ? node : NULL};
+	for (int k = 0; k < 2; k++)
+		if (held[k] && atomic_exchange(&held[k]->busy, true)) {
+			if (k)
+				atomic_store(&held[0]->busy, false);
+			return fsti_err(err, FST_EUSAGE,
+					"%s: rank %d: the %s communicator is in use by another "
+					"load (one load at a time on a communicator)",
+					fn, held[k]->rank, k ? "node's" : "group's");
+		}
+	int rc = load_claimed(fn, ck, opts, c, node, dims, out, err);
+	for (int k = 0; k < 2; k++)
+		if (held[k])
+			atomic_store(&held[k]->busy, false);
 	return rc;
 }
 

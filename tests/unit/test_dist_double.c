@@ -23,7 +23,9 @@
  * others fail within the 300 ms timeout, so the communicators must be
  * connected when they are made. A rank that fails before it joins (a
  * device that does not exist) makes the others fail in their first
- * collectives, not wait for it in ncclCommInitRank. Loads run in steps of 4 KiB of broadcast
+ * collectives, not wait for it in ncclCommInitRank. A second load on a
+ * communicator that a load of its rank holds is refused at once, and the
+ * first loads whole. Loads run in steps of 4 KiB of broadcast
  * (FST_DIST_GROUP_BYTES), so each crosses many and waits, with the
  * deadline, for the step two before each. Inner-dim shards whose rows pass
  * the device's pitch limit are copied whole. Nothing of the doubles or of
@@ -746,6 +748,74 @@ static void test_rank_that_cannot_join(void **state)
 	}
 }
 
+struct rank_load {
+	const ch_ckpt *c;
+	const int *dims;
+	fst_comm *comm;
+	int rc;
+	fst_error err;
+	fst_buffer *buf;
+};
+
+static void *load_rank(void *arg)
+{
+	struct rank_load *l = arg;
+	fst_load_opts o = opts();
+	l->rc = fst_load_sharded(l->c->ck, &o, l->comm, l->dims, &l->buf, &l->err);
+	return NULL;
+}
+
+/* Rank 0 starts a load, which waits for the other ranks; a second load on
+ * its communicator meanwhile is refused at once (two would interleave
+ * their collectives), and the first goes on to load whole. */
+static void test_one_load_at_a_time(void **state)
+{
+	(void)state;
+	ch_ckpt c;
+	ch_write_random("dist-busy", 27, &ch_small_gen, &c);
+	ch_open(&c, c.dir);
+	int *dims = random_dims(&c, 10);
+	unsigned char id[FST_COMM_ID_BYTES];
+	fst_error err;
+	assert_int_equal(fst_comm_unique_id(id, &err), 0);
+	struct joiner j[WORLD];
+	pthread_t t[WORLD];
+	for (int r = 0; r < WORLD; r++) {
+		j[r] = (struct joiner){.id = id, .rank = r, .device = r % 2};
+		assert_int_equal(pthread_create(&t[r], NULL, join, &j[r]), 0);
+	}
+	for (int r = 0; r < WORLD; r++) {
+		pthread_join(t[r], NULL);
+		if (j[r].rc)
+			fail_msg("rank %d: %s", r, j[r].err.message);
+	}
+	struct rank_load l[WORLD];
+	for (int r = 0; r < WORLD; r++)
+		l[r] = (struct rank_load){.c = &c, .dims = dims, .comm = j[r].comm};
+	assert_int_equal(pthread_create(&t[0], NULL, load_rank, &l[0]), 0);
+	struct timespec ms200 = {0, 200 * 1000000};
+	nanosleep(&ms200, NULL);
+	fst_load_opts o = opts();
+	fst_buffer *buf = (fst_buffer *)&o;
+	assert_int_equal(fst_load_sharded(c.ck, &o, j[0].comm, dims, &buf, &err), FST_EUSAGE);
+	assert_null(buf);
+	assert_has(err.message, "rank 0: the group's communicator is in use by another load");
+	for (int r = 1; r < WORLD; r++)
+		assert_int_equal(pthread_create(&t[r], NULL, load_rank, &l[r]), 0);
+	for (int r = 0; r < WORLD; r++)
+		pthread_join(t[r], NULL);
+	for (int r = 0; r < WORLD; r++) {
+		if (l[r].rc)
+			fail_msg("rank %d: %s", r, l[r].err.message);
+		assert_shards(&c, dims, l[r].buf, r, "one load at a time");
+		fst_buffer_release(l[r].buf);
+		fst_comm_destroy(j[r].comm);
+	}
+	ch_assert_clean("one load at a time", c.host_base);
+	free(dims);
+	ch_close(&c);
+}
+
 int main(void)
 {
 	int rc = ch_init();
@@ -769,6 +839,7 @@ int main(void)
 		cmocka_unit_test_setup(test_departure_reported, ch_reset),
 		cmocka_unit_test_setup(test_rows_past_the_pitch_limit, ch_reset),
 		cmocka_unit_test_setup(test_rank_that_cannot_join, ch_reset),
+		cmocka_unit_test_setup(test_one_load_at_a_time, ch_reset),
 	};
 	return cmocka_run_group_tests(tests, ch_setup, ch_teardown);
 }
