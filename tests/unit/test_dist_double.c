@@ -717,6 +717,22 @@ static void *join(void *arg)
 	return NULL;
 }
 
+/* Every rank joins a new communicator (id, made here) in a thread of its
+ * own, on device r % 2; the rank bad (-1: none) names a device that does
+ * not exist. */
+static void join_ranks(unsigned char id[FST_COMM_ID_BYTES], int bad, struct joiner j[WORLD])
+{
+	fst_error err;
+	assert_int_equal(fst_comm_unique_id(id, &err), 0);
+	pthread_t t[WORLD];
+	for (int r = 0; r < WORLD; r++) {
+		j[r] = (struct joiner){.id = id, .rank = r, .device = r == bad ? 99 : r % 2};
+		assert_int_equal(pthread_create(&t[r], NULL, join, &j[r]), 0);
+	}
+	for (int r = 0; r < WORLD; r++)
+		pthread_join(t[r], NULL);
+}
+
 /* Rank 1 names a device that does not exist and fails before joining the
  * communicator. It joins and leaves at once, so the others fail in their
  * first collectives; they once waited in ncclCommInitRank for it (the
@@ -725,16 +741,8 @@ static void test_rank_that_cannot_join(void **state)
 {
 	(void)state;
 	unsigned char id[FST_COMM_ID_BYTES];
-	fst_error err;
-	assert_int_equal(fst_comm_unique_id(id, &err), 0);
 	struct joiner j[WORLD];
-	pthread_t t[WORLD];
-	for (int r = 0; r < WORLD; r++) {
-		j[r] = (struct joiner){.id = id, .rank = r, .device = r == 1 ? 99 : r % 2};
-		assert_int_equal(pthread_create(&t[r], NULL, join, &j[r]), 0);
-	}
-	for (int r = 0; r < WORLD; r++)
-		pthread_join(t[r], NULL);
+	join_ranks(id, 1, j);
 	for (int r = 0; r < WORLD; r++) {
 		print_message("rank %d: %d in %.2f s: %s\n", r, j[r].rc, j[r].secs,
 			      j[r].rc ? j[r].err.message : "joined");
@@ -776,19 +784,13 @@ static void test_one_load_at_a_time(void **state)
 	ch_open(&c, c.dir);
 	int *dims = random_dims(&c, 10);
 	unsigned char id[FST_COMM_ID_BYTES];
-	fst_error err;
-	assert_int_equal(fst_comm_unique_id(id, &err), 0);
 	struct joiner j[WORLD];
-	pthread_t t[WORLD];
-	for (int r = 0; r < WORLD; r++) {
-		j[r] = (struct joiner){.id = id, .rank = r, .device = r % 2};
-		assert_int_equal(pthread_create(&t[r], NULL, join, &j[r]), 0);
-	}
-	for (int r = 0; r < WORLD; r++) {
-		pthread_join(t[r], NULL);
+	join_ranks(id, -1, j);
+	for (int r = 0; r < WORLD; r++)
 		if (j[r].rc)
 			fail_msg("rank %d: %s", r, j[r].err.message);
-	}
+	fst_error err;
+	pthread_t t[WORLD];
 	struct rank_load l[WORLD];
 	for (int r = 0; r < WORLD; r++)
 		l[r] = (struct rank_load){.c = &c, .dims = dims, .comm = j[r].comm};
