@@ -816,7 +816,10 @@ static int load_sharded(const char *fn, const fst_checkpoint *ck, const fst_load
 	fsti_err_clear(err);
 	if (out)
 		*out = NULL;
-	fst_comm *held[2] = {c, node != c ? node : NULL};
+	/* nothing claimed where the checks refuse the call: a node beside no
+	 * comm is never followed */
+	bool claim = ck && c && out;
+	fst_comm *held[2] = {claim ? c : NULL, claim && node != c ? node : NULL};
 	for (int k = 0; k < 2; k++)
 		if (held[k] && atomic_exchange(&held[k]->busy, true)) {
 			if (k)
