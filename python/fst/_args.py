@@ -35,7 +35,10 @@ def _device(device) -> str:
         s = str(device)  # torch.device, without importing torch
     else:
         raise ArgumentTypeError(f"device={device!r}: expected {_DEVICES}", -1)
-    return "cuda:0" if s == "cuda" else s
+    if s == "cuda":
+        return "cuda:0"
+    # torch.device("cpu", 0) is "cpu:0": torch's CPU has one index
+    return "cpu" if s == "cpu:0" else s
 
 
 def _framework(framework) -> str:

@@ -91,6 +91,30 @@ def test_names_and_devices_of_the_wrong_type(fst_pkg, small):
             assert f.get_tensor("t1")[0] == 1
 
 
+def test_cpu_device_with_an_index(fst_pkg, small):
+    """torch.device("cpu", 0) is "cpu:0" as a str: the CPU, for fst.load and
+    the compat safe_open alike (it was refused as no device)."""
+    import numpy as np
+
+    class CpuZero:  # what a torch.device("cpu", 0) shows: type, index, str()
+        type, index = "cpu", 0
+
+        def __str__(self):
+            return "cpu:0"
+
+    want = fst_pkg.load(small, framework="numpy")
+    for dev in (CpuZero(), "cpu:0"):
+        got = fst_pkg.load(small, framework="numpy", device=dev)
+        assert sorted(got) == sorted(want)
+        for k in want:
+            assert np.asarray(got[k]).tobytes() == np.asarray(want[k]).tobytes()
+        from fst.compat.safetensors import safe_open
+        with safe_open(small, framework="numpy", device=dev) as f:
+            assert np.asarray(f.get_tensor("t1")).tobytes() == np.asarray(want["t1"]).tobytes()
+    with pytest.raises(fst_pkg.UsageError, match="cpu:1"):
+        fst_pkg.load(small, framework="numpy", device="cpu:1")
+
+
 def test_torch_allocator_bridge_keeps_a_larger_align(fst_pkg, run_python):
     """torch's caching allocator gives 512-byte-aligned blocks: the bridge
     asks for more where align is larger, hands out an aligned address in

@@ -267,7 +267,10 @@ SLICES = [I[:], I[()], I[1:3], I[::2], I[1::2], I[:, 1:3], I[..., 0], I[0, ...],
           I[..., 1:3, 0], I[0, 0, 0], I[:, :2, 2:4], I[-3], I[-1], I[2, -5], I[1:1], I[0:0:2],
           I[:, ::3, 1], I[True], I[np.int64(1)], I[[]], I[:20], I[:, 4:], I[3:3], I[:, 3:10:2],
           I[5], I[..., 6], I[-4], I[..., -6], I[0, 0, 0, 0], I[-1:], I[:-1], I[::-1], I[::0],
-          I[None], I[[0, 2]], I[..., ...], I[1.5], I["a"], I[::1.5], I[2 ** 40], I[3:1]]
+          I[None], I[[0, 2]], I[..., ...], I[1.5], I["a"], I[::1.5], I[2 ** 40], I[3:1],
+          # a bound past the end in one dimension and a start after its stop in a
+          # later one: the reference names the bound
+          I[4:1, :, 1:0], I[5:, 2:1]]
 
 
 def same_outcome(got_call, want_call, what, fst_error):

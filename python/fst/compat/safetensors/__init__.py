@@ -434,28 +434,25 @@ def _bounds(p, size: int):
 
 def _check_picks(picks: list, shape: list, dtype: str) -> list:
     """The reference's checks of a parsed index against the shape, last
-    dimension first (so an error names the last bad one); returns the shape
-    of the cut."""
+    dimension first (so an error names the last bad one), every dimension's
+    bounds before any start after its stop (where the reference fails
+    later, from a negative size); returns the shape of the cut."""
     def fail(why):
         return UsageError(f"Error during slicing {_show(picks)} with shape {shape}: {why}", -1)
     if len(picks) > len(shape):
         raise fail("more slicing indexes than dimensions in tensor")
-    out = []
-    for i in reversed(range(len(shape))):
+    given = [(i, _bounds(picks[i], shape[i])) for i in reversed(range(len(picks)))]
+    for i, (start, stop, _) in given:
         size = shape[i]
-        if i >= len(picks):
-            out.append(size)
-            continue
-        start, stop, step = _bounds(picks[i], size)
         if start >= size or stop > size:
             asked = start if start >= size else stop - 1
             raise fail(f"index {asked} out of bounds for tensor dimension #{i} of size {size}")
+    for i, (start, stop, _) in given:
         if start > stop:
             # the reference fails here with a SystemError from a negative size
             raise fail(f"slice start {start} is after its stop {stop} in dimension #{i}")
-        if not isinstance(picks[i], int):
-            out.append(len(range(start, stop, step)))
-    out.reverse()
+    out = [len(range(*b)) for i, b in reversed(given) if not isinstance(picks[i], int)]
+    out += shape[len(picks):]
     bits = _SUB_BYTE.get(dtype)
     if bits:
         _byte_ranges(picks, shape, bits, fail)  # refuses cuts inside a byte
