@@ -260,6 +260,78 @@ def test_broadcast_float8_that_torch_lacks_is_the_readers_form(tmp_path, monkeyp
     assert torch.equal(got, reader)
 
 
+def test_extra_config_none_is_refused_as_vllm_refuses_it():
+    """vLLM's own loader refuses None; fst's once took it for no options."""
+    with pytest.raises(ValueError, match="expected a dict"):
+        plugin.parse_options(None)
+
+
+def test_torchao_strategy_goes_to_vllms_own_iterator(model_dir):
+    """safetensors_load_strategy "torchao" (load_weights sets it for a
+    torchao-serialized checkpoint): vLLM's own iterator rebuilds torchao's
+    tensors, so fst hands the source to it, and the outcome is vLLM's (here,
+    without torchao, its error); fst once yielded the plain tensors."""
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+
+    def outcome(fmt):
+        ld = get_model_loader(LoadConfig(load_format=fmt, safetensors_load_strategy="torchao"))
+        try:
+            return dict(_iterate(ld, model_dir))
+        except Exception as e:  # noqa: BLE001
+            return e
+    want, got = outcome("safetensors"), outcome("fst")
+    if isinstance(want, Exception):
+        assert type(got) is type(want) and str(got) == str(want), (got, want)
+    else:
+        _assert_same(got, want)
+
+
+def test_many_shards_under_a_low_descriptor_limit(tmp_path):
+    """120 shards with 48 descriptors to spare: the files are opened one at
+    a time, as vLLM's own iterators open them (every shard was held open
+    from the start: "Too many open files")."""
+    import resource
+    d = tmp_path / "many"
+    d.mkdir()
+    for k in range(1, 121):
+        save_file({f"w{k}": torch.full((3,), float(k))}, str(d / f"model-{k}-of-120.safetensors"))
+    ref = _reference(d)
+    ld = _loader({"threads": 2})
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 48, hard))
+    try:
+        got = dict(_iterate(ld, d))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    _assert_same(got, ref)
+
+
+def test_a_folder_named_like_a_shard_is_refused(model_dir):
+    """vLLM's discovery lists every *.safetensors name, folders too; its own
+    iterator fails on a folder, and so does fst's (which opens a folder as
+    a checkpoint, and read this one's files)."""
+    extra = model_dir / "extra.safetensors"
+    extra.mkdir()
+    save_file({"stray": torch.ones(2)}, str(extra / "x.safetensors"))
+    with pytest.raises(IsADirectoryError, match="extra.safetensors"):
+        _iterate(_loader(), model_dir)
+
+
+def test_a_file_that_is_not_safetensors_is_named(model_dir):
+    """A model's own patterns may find other files (BGE-M3 asks for
+    sparse_linear.pt beside its weights): fst names the file and the load
+    format that reads it, where a header error came from inside the .pt."""
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+    torch.save({"sparse_linear.weight": torch.ones(2)}, str(model_dir / "sparse_linear.pt"))
+    src = DefaultModelLoader.Source(str(model_dir), None,
+                                    allow_patterns_overrides=["sparse_linear.pt"])
+    with pytest.raises(plugin.VllmPluginError, match="sparse_linear.pt is not one.*'auto'"):
+        list(_loader()._get_weights_iterator(src))
+
+
 def test_unknown_extra_config_is_vllms_error():
     with pytest.raises(ValueError, match="Unexpected extra config keys"):
         _loader({"thread": 4})

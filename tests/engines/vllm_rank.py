@@ -17,8 +17,9 @@ rank, world, model_dir, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], 
 mode = sys.argv[5] if len(sys.argv) > 5 else "plain"
 shards = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
 if mode == "fail" and rank == 1:
-    # each open reads a header in two preads: the first data read is next
-    os.environ["FST_FAULT"] = f"read:{2 * len(shards) + 1}"
+    # each open reads a header in two preads: every shard's header first,
+    # then the load opens its file again; the first data read is next
+    os.environ["FST_FAULT"] = f"read:{2 * len(shards) + 2 + 1}"
 
 from vllm.distributed import init_distributed_environment  # noqa: E402
 
@@ -47,8 +48,8 @@ read = []
 real_load = fst.load
 
 
-def spy(ck, *a, **k):
-    read.append(os.path.basename(ck.path))
+def spy(ck, *a, **k):  # a path, or a Checkpoint
+    read.append(os.path.basename(getattr(ck, "path", ck)))
     return real_load(ck, *a, **k)
 
 

@@ -73,10 +73,10 @@ def parse_options(extra: dict) -> Tuple[dict, dict]:
     """Split model_loader_extra_config into (fst options, the rest for
     vLLM), checking fst's: a bad value fails before anything is read."""
     from fst._args import _MAX_THREADS
-    if extra is not None and not isinstance(extra, dict):
+    if not isinstance(extra, dict):  # None too, as vLLM's own loader refuses it
         raise ValueError(f"model_loader_extra_config={extra!r}: expected a dict of options")
     mine, rest = {}, {}
-    for k, v in (extra or {}).items():
+    for k, v in extra.items():
         if k in _INT_OPTIONS:
             limit = _MAX_THREADS if k == "threads" else 2 ** 64 - 1
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= limit:
@@ -91,6 +91,11 @@ def parse_options(extra: dict) -> Tuple[dict, dict]:
         else:
             rest[k] = v
     return mine, rest
+
+
+def _log():
+    import logging
+    return logging.getLogger("fst")
 
 
 def _natural_key(path: str) -> list:
@@ -143,10 +148,10 @@ def fst_weights_iterator(files: Sequence[str], use_tqdm_on_load: bool,
     files = sorted(files, key=_natural_key)
     options = dict(options or {})
     rank, world, cpu_group, device_group = _world()
-    cks: List["fst.Checkpoint"] = []
+    cks: List[_Header] = []
     error = None
     try:
-        cks = [fst.Checkpoint(f) for f in files]
+        cks = [_Header(f) for f in files]
     except Exception as e:  # a file this rank cannot open (its node's copy)
         error = e
     if world > 1:
@@ -196,6 +201,31 @@ def fst_weights_iterator(files: Sequence[str], use_tqdm_on_load: bool,
             bar.close()
 
 
+class _Header:
+    """What the iterator needs of one file before reading it: its path,
+    names and (dtype, shape, bytes) of each, in header order. The file is
+    closed again at once: a checkpoint of a thousand shards would otherwise
+    hold a thousand descriptors (vLLM's own iterators open one file at a
+    time; offline, the limit is often 1024)."""
+
+    def __init__(self, path: str):
+        import errno
+        import fst
+        if os.path.isdir(path):  # fst opens a folder as a checkpoint; vLLM's list has files
+            raise IsADirectoryError(errno.EISDIR, "a folder, not a safetensors file", path)
+        ck = fst.Checkpoint(path)
+        self.path = ck.path
+        self._keys = ck.keys()
+        self._info = {n: ck.info(n) for n in self._keys}
+        # its files close with it, here (the header is all that is kept)
+
+    def keys(self) -> List[str]:
+        return list(self._keys)
+
+    def info(self, name: str):
+        return self._info[name]
+
+
 def _gather(obj, world: int, cpu_group):
     """obj of every rank, in rank order (over the CPU group: plain objects)."""
     import torch.distributed as dist
@@ -231,7 +261,7 @@ def _broadcast_files(cks, carried, wanted, rank: int, world: int, device: str, g
         if rank < len(batch):
             i = batch[rank]
             try:
-                mine = fst.load(cks[i], device, names=carried[i], **options)
+                mine = fst.load(cks[i].path, device, names=carried[i], **options)
             except Exception as e:  # every rank hears of it before any broadcast
                 error = e
         _agree(error, world, cpu_group, "read its file")
@@ -329,13 +359,25 @@ def make_loader_class():
 
         def _get_weights_iterator(self, source):
             from vllm.model_executor.model_loader import weight_utils
+            if self.load_config.safetensors_load_strategy == "torchao":
+                # vLLM rebuilds torchao's tensor subclasses from the files'
+                # metadata in its own iterator (load_weights asks for it on
+                # a torchao-serialized checkpoint): fst's plain tensors
+                # would reach the model as flattened pieces
+                _log().info("fst: safetensors_load_strategy 'torchao': vLLM's own iterator "
+                            "reads %s", source.model_or_path)
+                return super()._get_weights_iterator(source)
             hf_folder, files, use_safetensors, index_file = self._prepare_weights(
                 source.model_or_path, source.subfolder, source.revision,
                 source.fall_back_to_pt, source.allow_patterns_overrides)
-            if not use_safetensors:
+            # "safetensors" discovery says use_safetensors whatever a
+            # model's own patterns found (BGE-M3 asks for *.pt beside)
+            other = [f for f in files if not f.endswith(".safetensors")]
+            if not use_safetensors or other:
                 raise VllmPluginError(
-                    f"load format 'fst' reads safetensors checkpoints; "
-                    f"{source.model_or_path} has none")
+                    f"load format 'fst' reads safetensors files; {source.model_or_path}: "
+                    f"{other[0] if other else 'none found'} is not one (load format "
+                    f"'auto' reads it)")
             prefixes = getattr(self, "_encoder_only_lm_prefixes", None)
             if prefixes is not None and files:
                 files = weight_utils.filter_mm_encoder_only_safetensors_files(
@@ -374,8 +416,7 @@ def register():
     register_model_loader, _, _ = _import_vllm()
     major_minor = ".".join(_vllm_version().split(".")[:2])
     if major_minor != WRITTEN_FOR:
-        import logging
-        logging.getLogger("fst").warning(
+        _log().warning(
             "fst's vLLM plugin was written for vLLM %s; this is vLLM %s", WRITTEN_FOR,
             _vllm_version())
     _registered = register_model_loader(LOAD_FORMAT)(make_loader_class())
