@@ -260,6 +260,32 @@ def test_broadcast_float8_that_torch_lacks_is_the_readers_form(tmp_path, monkeyp
     assert torch.equal(got, reader)
 
 
+def test_load_config_device_is_where_the_weights_go(model_dir, monkeypatch):
+    """LoadConfig.device, where set, is where vLLM makes the model: fst
+    loads there, not onto the worker's GPU (a GPU stands in here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert plugin._device() == "cuda:3"
+    assert plugin._device("cpu") == plugin._device(torch.device("cpu")) == "cpu"
+    assert plugin._device("cuda") == "cuda:3" and plugin._device("cuda:1") == "cuda:1"
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    seen = []
+    real = plugin.fst_weights_iterator
+
+    def spy(*a, **k):
+        seen.append(k.get("load_device"))
+        return real(*a, **k)
+    monkeypatch.setattr(plugin, "fst_weights_iterator", spy)
+    got = dict(_iterate(get_model_loader(LoadConfig(load_format="fst", device="cpu")),
+                        model_dir))
+    assert seen == ["cpu"]
+    assert all(t.device.type == "cpu" for t in got.values())
+    _assert_same(got, _reference(model_dir))
+
+
 def test_extra_config_none_is_refused_as_vllm_refuses_it():
     """vLLM's own loader refuses None; fst's once took it for no options."""
     with pytest.raises(ValueError, match="expected a dict"):

@@ -102,8 +102,15 @@ def _natural_key(path: str) -> list:
     return [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", os.path.basename(path))]
 
 
-def _device():
+def _device(load_device=None) -> str:
+    """Where the weights go: LoadConfig.device where it is set (vLLM makes
+    the model there), else this worker's GPU, else the CPU."""
     import torch
+    if load_device is not None:
+        d = torch.device(load_device)
+        if d.type == "cuda":
+            return f"cuda:{torch.cuda.current_device() if d.index is None else d.index}"
+        return d.type if d.type == "cpu" else str(d)
     if torch.cuda.is_available():
         return f"cuda:{torch.cuda.current_device()}"
     return "cpu"
@@ -136,7 +143,7 @@ def _world():
 
 def fst_weights_iterator(files: Sequence[str], use_tqdm_on_load: bool,
                          local_expert_ids: Optional[Set[int]] = None,
-                         options: Optional[dict] = None,
+                         options: Optional[dict] = None, load_device=None,
                          ) -> Iterator[Tuple[str, "object"]]:
     """(name, torch tensor) for every tensor of files, in natural shard
     order, on this worker's device; with several ranks, each file is read
@@ -167,7 +174,7 @@ def fst_weights_iterator(files: Sequence[str], use_tqdm_on_load: bool,
                 if any(not should_skip_weight(n, ids) for ids in ids_of_ranks)]
 
     wanted = [names_for(ck, [local_expert_ids]) for ck in cks]
-    device = _device()
+    device = _device(load_device)
     total = sum(sum(ck.info(n)[2] for n in (w if w is not None else ck.keys()))
                 for ck, w in zip(cks, wanted))
     bar = None
@@ -393,7 +400,8 @@ def make_loader_class():
                     files, source.is_unused_weight)
             it = fst_weights_iterator(files, self.load_config.use_tqdm_on_load,
                                       local_expert_ids=self.local_expert_ids,
-                                      options=self.fst_options)
+                                      options=self.fst_options,
+                                      load_device=self.load_config.device)
             if self.counter_before_loading_weights == 0.0:
                 import time
                 self.counter_before_loading_weights = time.perf_counter()
