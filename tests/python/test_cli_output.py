@@ -430,6 +430,29 @@ def test_gen_refuses_an_empty_outdir():
     assert r.returncode == 1 and "OUTDIR is empty" in r.stderr, r.stderr
 
 
+def test_gen_refuses_a_path_too_long(tmp_path):
+    """An OUTDIR whose staged names would pass PATH_MAX is refused before
+    anything is made (it was cut short, and a folder of the cut name made)."""
+    long_dir = tmp_path / "/".join(["d" * 200] * 21) / "zz"
+    r = fst("gen", long_dir, "--size", "1")
+    assert r.returncode == 4 and "File name too long" in r.stderr, r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_failed_gen_leaves_no_new_folder(tmp_path):
+    """A run that fails (here out of memory) removes the folders it made
+    for OUTDIR: "leaves OUTDIR as it was" (it left them, empty)."""
+    import resource
+
+    def small_address_space():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    r = subprocess.run([str(fsttest.FST_BIN), "gen", str(tmp_path / "a" / "b" / "c"),
+                        "--size", "8000000T"], capture_output=True, text=True,
+                       preexec_fn=small_address_space, timeout=120)
+    assert r.returncode == 5 and "out of memory" in r.stderr, r.stderr
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("device", ["gpu", "cuda:x", "cuda:", "cpu0"])
 @pytest.mark.parametrize("cmd", ["load", "verify", "bench", "doctor"])
 def test_bad_device_is_usage_everywhere(small, cmd, device):

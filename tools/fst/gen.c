@@ -9,6 +9,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -318,23 +319,52 @@ static int parse_args(int argc, char **argv, struct gen_args *a, bool *done)
 	return EXIT_OK;
 }
 
-/* dir, like mkdir -p: parents too. */
-static int make_dirs(const char *dir)
+/* The longest name gen makes inside DIR: "/.fst-gen-PID/" and a shard's
+ * staged name, "model-NNNNN-of-NNNNN.safetensors.tmp". */
+#define GEN_NAMES_MAX 80
+
+/* dir, like mkdir -p: parents too. *made: the length of the first folder
+ * this call created (0: none), for unmake_dirs. dir is shorter than
+ * PATH_MAX - GEN_NAMES_MAX (cmd_gen checks). */
+static int make_dirs(const char *dir, size_t *made)
 {
-	char part[4096];
+	char part[PATH_MAX];
 	snprintf(part, sizeof part, "%s", dir);
+	*made = 0;
 	for (char *p = part + 1;; p++) {
 		if (*p && *p != '/')
 			continue;
 		char saved = *p;
 		*p = '\0';
-		if (mkdir(part, 0755) && errno != EEXIST) {
+		if (mkdir(part, 0755) == 0) {
+			if (!*made)
+				*made = (size_t)(p - part);
+		} else if (errno != EEXIST) {
 			cli_error("gen", "%s: cannot create directory: %s", part, strerror(errno));
 			return EXIT_IO;
 		}
 		*p = saved;
 		if (!saved)
 			return EXIT_OK;
+	}
+}
+
+/* The folders make_dirs created for dir (made: the first one's length),
+ * removed again, the deepest first: a failed run leaves no new folder. */
+static void unmake_dirs(const char *dir, size_t made)
+{
+	char part[PATH_MAX];
+	snprintf(part, sizeof part, "%s", dir);
+	size_t n = strlen(part);
+	while (made) {
+		while (n > 1 && part[n - 1] == '/')
+			part[--n] = '\0';
+		/* every folder from the first made on was made by this run */
+		if (n < made || rmdir(part))
+			return;
+		while (n && part[n - 1] != '/')
+			n--;
+		part[n] = '\0';
 	}
 }
 
@@ -408,9 +438,11 @@ static int write_index(const char *stage, uint64_t total, json_t *map)
 	json_t *index = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
 				  "weight_map", json_incref(map));
 	int rc = EXIT_OK;
+	errno = 0;
 	if (!index || json_dump_file(index, path, JSON_INDENT(2) | JSON_SORT_KEYS)) {
-		cli_error("gen", "%s: cannot write", path);
-		rc = EXIT_IO;
+		cli_error("gen", "%s: cannot write%s%s", path, errno ? ": " : "",
+			  errno ? strerror(errno) : "");
+		rc = index ? EXIT_IO : EXIT_NOMEM;
 	}
 	json_decref(index);
 	return rc;
@@ -452,6 +484,8 @@ static int settle(const char *stage, const char *dir, uint64_t shards, uint64_t 
 	return rc;
 }
 
+static int gen_into(const struct gen_args *a);
+
 int cmd_gen(int argc, char **argv)
 {
 	struct gen_args a;
@@ -459,9 +493,30 @@ int cmd_gen(int argc, char **argv)
 	int rc = parse_args(argc, argv, &a, &done);
 	if (done)
 		return rc;
-	rc = make_dirs(a.dir);
-	if (rc)
+	/* every name gen makes fits: a longer one was cut short, and a folder
+	 * of the cut name made */
+	if (strlen(a.dir) >= PATH_MAX - GEN_NAMES_MAX) {
+		cli_error("gen", "%.60s...: %s (%zu bytes; at most %d)", a.dir,
+			  strerror(ENAMETOOLONG), strlen(a.dir), PATH_MAX - GEN_NAMES_MAX - 1);
+		return EXIT_IO;
+	}
+	size_t made;
+	rc = make_dirs(a.dir, &made);
+	if (rc) {
+		unmake_dirs(a.dir, made);
 		return rc;
+	}
+	rc = gen_into(&a);
+	if (rc != EXIT_OK)
+		unmake_dirs(a.dir, made); /* only folders it made, and only empty ones */
+	return rc;
+}
+
+/* The checkpoint of a into a.dir, which exists. */
+static int gen_into(const struct gen_args *ap)
+{
+	struct gen_args a = *ap;
+	int rc;
 	struct model m = {0};
 	if (build_model(&m, a.size, a.misaligned, a.seed, a.wt)) {
 		cli_error("gen", "out of memory");
@@ -478,7 +533,7 @@ int cmd_gen(int argc, char **argv)
 	 * are complete, the index last: an interrupted or failed run leaves
 	 * DIR as it was, never a partial checkpoint that looks whole.
 	 */
-	char stage[4096];
+	char stage[PATH_MAX];
 	snprintf(stage, sizeof stage, "%s/.fst-gen-%ld", a.dir, (long)getpid());
 	if (mkdir(stage, 0755)) {
 		cli_error("gen", "%s: cannot create directory: %s", stage, strerror(errno));
