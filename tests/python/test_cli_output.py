@@ -468,6 +468,8 @@ def test_bad_device_is_usage_everywhere(small, cmd, device):
     if cmd == "bench":
         assert r.stdout == "", r.stdout  # no measurement row
     if cmd == "doctor":
+        # on stderr too, as every failure is (only the load line had it)
+        assert f'cannot load: device "{device}"' in r.stderr, r.stderr
         # without PATH too, where nothing would be loaded
         r = fst("doctor", "--device", device, "--no-copy-test")
         assert r.returncode == 1, r.stderr

@@ -378,6 +378,8 @@ static int report_load(json_t *out, const char *path, const char *device, bool a
 	if (fst_load_explain(ck, &lo, why, sizeof why, &err)) {
 		snprintf(why, sizeof why, "cannot load: %s", err.message);
 		rc = cli_exit_code(err.code);
+		/* on the load line, and on stderr as every failure is */
+		cli_error("doctor", "%s: %s", fst_checkpoint_path(ck), why);
 	}
 	char hb[32];
 	if (!as_json)
