@@ -141,6 +141,18 @@ def test_gen_interrupted_leaves_nothing(tmp_path):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 9, err
     assert b"interrupted" in err
+    # the run made OUTDIR: it is gone again, as it was
+    assert not out.exists(), os.listdir(out)
+    # an OUTDIR that was there stays, with nothing in it
+    out.mkdir()
+    p = subprocess.Popen([str(fsttest.FST_BIN), "gen", str(out), "--size", "3GiB",
+                          "--shards", "6"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(out.glob(".fst-gen-*/*")):
+        time.sleep(0.01)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 9 and b"interrupted" in err, err
     assert sorted(os.listdir(out)) == [], os.listdir(out)
 
 
